@@ -1,0 +1,58 @@
+"""What readers hand to normalization: parsed input records, or why they could not be parsed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RawBatch:
+    """A batch of input records from one source, in file order.
+
+    For each row exactly one of ``records[i]`` (the parsed value: usually a dict, but a
+    reader passes through whatever the file held, e.g. a list or a number, so that
+    normalization can reject it with a reason) or ``errors[i]`` (a reason code such as
+    ``invalid_json``) is meaningful. ``raw[i]`` keeps the raw text when parsing failed, so
+    the rejected row preserves what the user gave us. ``details[i]`` is a human-readable
+    explanation of the error.
+    """
+
+    source: str
+    positions: list[int] = field(default_factory=list)
+    records: list[Any] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    details: list[str | None] = field(default_factory=list)
+    raw: list[str | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def add(self, position: int, record: Any) -> None:
+        self.positions.append(position)
+        self.records.append(record)
+        self.errors.append(None)
+        self.details.append(None)
+        self.raw.append(None)
+
+    def add_error(self, position: int, error: str, detail: str, raw: str | None) -> None:
+        self.positions.append(position)
+        self.records.append(None)
+        self.errors.append(error)
+        self.details.append(detail)
+        self.raw.append(raw)
+
+    def row_id(self, i: int) -> str:
+        """Stable id for row i: the source name and its position in the source."""
+        return f"{self.source}:{self.positions[i]}"
+
+
+@dataclass
+class SourceOptions:
+    """Per-input options that normalization needs (set in the config's ``inputs``)."""
+
+    name: str
+    format: str = "auto"  # auto | alpaca | sharegpt | messages | dolly | prompt_completion | labelled_text
+    aliases: dict[str, str] = field(default_factory=dict)  # source field -> canonical field name
+    text_field: str | None = None  # for labelled_text: which column holds the text
+    label_field: str | None = None  # for labelled_text: which column holds the label

@@ -1,0 +1,147 @@
+"""The canonical record and rejected-row schemas, defined once.
+
+Every stage reads and writes `pyarrow.Table`s whose first five columns follow
+`CANONICAL_SCHEMA`; stages append score columns after them. Rejected rows always
+follow `REJECTED_SCHEMA` so that they can be concatenated across stages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+ROLES = ("system", "user", "assistant", "tool")
+
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+MESSAGES_TYPE = pa.list_(MESSAGE_TYPE)
+
+CANONICAL_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("messages", MESSAGES_TYPE),
+        ("label", pa.string()),
+        ("meta", pa.string()),
+    ]
+)
+CANONICAL_COLUMNS = tuple(CANONICAL_SCHEMA.names)
+
+REJECTED_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("stage", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        # JSON of the canonical row (with its score columns) or, when the input could
+        # not be parsed, the raw input text itself.
+        ("record", pa.string()),
+    ]
+)
+
+
+def json_dumps(value: Any) -> str:
+    """Deterministic compact JSON (sorted keys) so identical input gives identical bytes."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def canonical_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Build a canonical table from python dicts with keys id/source/messages/label/meta."""
+    return pa.Table.from_pylist(
+        [
+            {
+                "id": r["id"],
+                "source": r["source"],
+                "messages": [{"role": m["role"], "content": m["content"]} for m in r["messages"]],
+                "label": r.get("label"),
+                "meta": r.get("meta"),
+            }
+            for r in rows
+        ],
+        schema=CANONICAL_SCHEMA,
+    )
+
+
+def empty_canonical() -> pa.Table:
+    return CANONICAL_SCHEMA.empty_table()
+
+
+def empty_rejected() -> pa.Table:
+    return REJECTED_SCHEMA.empty_table()
+
+
+def rejected_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Rows with keys id, source, stage, reason, detail, record (all strings)."""
+    rows = list(rows)
+    if not rows:
+        return empty_rejected()
+    return pa.Table.from_pylist(
+        [{name: row.get(name) for name in REJECTED_SCHEMA.names} for row in rows],
+        schema=REJECTED_SCHEMA,
+    )
+
+
+def reject_rows(table: pa.Table, mask: Sequence[bool] | pa.Array, stage: str,
+                reasons: Sequence[str] | str, details: Sequence[str] | str | None = None) -> pa.Table:
+    """Turn the rows of `table` selected by `mask` into rejected rows.
+
+    `reasons`/`details` are either one value for all selected rows or one value per
+    selected row (in order). The full row, score columns included, is kept as JSON so a
+    user can see exactly what the stage saw.
+    """
+    mask_arr = pa.array(mask, type=pa.bool_()) if not isinstance(mask, pa.Array) else mask
+    picked = table.filter(mask_arr)
+    n = picked.num_rows
+    if n == 0:
+        return empty_rejected()
+    reason_list = [reasons] * n if isinstance(reasons, str) else list(reasons)
+    if details is None:
+        detail_list: list[str | None] = [None] * n
+    elif isinstance(details, str):
+        detail_list = [details] * n
+    else:
+        detail_list = list(details)
+    if len(reason_list) != n or len(detail_list) != n:
+        raise ValueError(f"reject_rows: {n} rows selected but {len(reason_list)} reasons / {len(detail_list)} details")
+    records = [json_dumps(row) for row in picked.to_pylist()]
+    return pa.Table.from_arrays(
+        [
+            picked.column("id").combine_chunks() if "id" in picked.column_names else pa.nulls(n, pa.string()),
+            picked.column("source").combine_chunks() if "source" in picked.column_names else pa.nulls(n, pa.string()),
+            pa.array([stage] * n, pa.string()),
+            pa.array(reason_list, pa.string()),
+            pa.array(detail_list, pa.string()),
+            pa.array(records, pa.string()),
+        ],
+        schema=REJECTED_SCHEMA,
+    )
+
+
+def message_texts(table: pa.Table, roles: Iterable[str]) -> list[str]:
+    """Join the contents of the messages with the given roles, one string per row.
+
+    Used by stages that score "the prompt side" (system+user) or "the response side"
+    (assistant) of a conversation.
+    """
+    wanted = set(roles)
+    out = []
+    for msgs in table.column("messages").to_pylist():
+        out.append("\n".join(m["content"] for m in (msgs or []) if m["role"] in wanted and m["content"]))
+    return out
+
+
+def prompt_texts(table: pa.Table) -> list[str]:
+    """Everything the model is conditioned on: system, user and tool turns."""
+    return message_texts(table, ("system", "user", "tool"))
+
+
+def response_texts(table: pa.Table) -> list[str]:
+    """Everything the model is trained to produce: assistant turns."""
+    return message_texts(table, ("assistant",))
+
+
+def full_texts(table: pa.Table) -> list[str]:
+    return message_texts(table, ROLES)

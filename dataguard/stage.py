@@ -1,0 +1,95 @@
+"""The stage contract every pipeline step follows.
+
+Life of a stage in a run (see `dataguard.pipeline`):
+
+1. ``score(batch)`` - row-local, adds measurement columns (token counts, ratios, ...).
+   Runs fused with the previous row-local work, in worker processes.
+2. ``summarize(batch)`` - only when ``needs_fit``: a small, picklable, mergeable summary of
+   a scored batch (a histogram, class counts, a hash set). Runs in workers.
+3. ``fit(summaries)`` - only when ``needs_fit``: merges all summaries (in input order, so
+   results are deterministic) into the stage's state. Runs once in the driver.
+4. ``apply(batch) -> Outcome`` - row-local decision: kept rows (with columns) and rejected
+   rows with reasons, plus optional per-batch ``stats`` (picklable, mergeable). Workers.
+5. ``absorb(stats_list)`` - the driver hands back all per-batch stats in input order.
+6. ``describe() -> dict`` - statistics and examples for the manifest and audit report.
+
+A stage that needs no global statistics leaves ``needs_fit = False`` and only implements
+``apply`` (and usually ``score``). The split mirrors scikit-learn's fit/transform and
+data-juicer's compute-stats/process: scores stay as columns so users can re-threshold.
+
+``describe()`` returns plain JSON-able data in this shape, which the audit report renders
+generically (a stage only chooses blocks; it never writes HTML)::
+
+    {
+      "title": "Length percentile truncation",
+      "summary": {"cap": 812, "rows_truncated": 12, ...},       # key -> scalar
+      "blocks": [
+        {"type": "histogram", "title": ..., "edges": [..n+1..], "series": {"before": [..n..],
+         "after": [..n..]}, "markers": [{"label": "cap", "value": 812}], "x_label": "tokens"},
+        {"type": "bar", "title": ..., "labels": [...], "series": {"before": [...], ...}},
+        {"type": "table", "title": ..., "columns": [...], "rows": [[...], ...]},
+        {"type": "matrix", "title": ..., "row_labels": [...], "col_labels": [...],
+         "values": [[...]], "row_title": "given", "col_title": "true"},
+        {"type": "examples", "title": ..., "items": [{"id": ..., "label": ...,
+         "text": ..., "spans": [[start, end], ...], "reference": ..., "note": ...}]},
+        {"type": "text", "title": ..., "text": ...},
+      ],
+    }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from dataguard.records import empty_rejected
+
+
+@dataclass
+class Outcome:
+    """What ``Stage.apply`` returns: the rows kept, the rows rejected, and batch stats."""
+
+    kept: pa.Table
+    rejected: pa.Table = field(default_factory=empty_rejected)
+    stats: Any = None
+
+
+class StageConfigError(ValueError):
+    """A stage was given a parameter it cannot use; the message names the parameter."""
+
+
+class Stage:
+    """Base class: override what your stage needs. Instances must be picklable."""
+
+    name: ClassVar[str] = "stage"
+    needs_fit: ClassVar[bool] = False
+
+    def score(self, batch: pa.Table) -> pa.Table:
+        """Add measurement columns. Row-local; default adds nothing."""
+        return batch
+
+    def summarize(self, batch: pa.Table) -> Any:
+        """Mergeable summary of a scored batch, for ``fit``. Only when ``needs_fit``."""
+        raise NotImplementedError(f"stage {self.name!r} declares needs_fit but has no summarize()")
+
+    def fit(self, summaries: Sequence[Any]) -> None:
+        """Merge summaries (in input order) into state used by ``apply``."""
+        raise NotImplementedError(f"stage {self.name!r} declares needs_fit but has no fit()")
+
+    def apply(self, batch: pa.Table) -> Outcome:
+        """Decide row by row. Default keeps everything."""
+        return Outcome(kept=batch)
+
+    def absorb(self, stats: Sequence[Any]) -> None:
+        """Receive every batch's ``Outcome.stats`` (in input order) in the driver."""
+
+    def describe(self) -> dict[str, Any]:
+        """Statistics and examples for the manifest and the audit report."""
+        return {"title": self.name, "summary": {}, "blocks": []}
+
+    def output_columns(self) -> dict[str, pa.DataType]:
+        """Columns this stage adds (name -> type), used to keep shard schemas stable."""
+        return {}
