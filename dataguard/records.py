@@ -43,9 +43,20 @@ REJECTED_SCHEMA = pa.schema(
 )
 
 
+def _json_default(value: Any) -> Any:
+    """numpy scalars/arrays, sets and other odd values as plain JSON."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
 def json_dumps(value: Any) -> str:
     """Deterministic compact JSON (sorted keys) so identical input gives identical bytes."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=_json_default)
 
 
 def canonical_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:

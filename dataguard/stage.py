@@ -67,6 +67,17 @@ class Stage:
     name: ClassVar[str] = "stage"
     needs_fit: ClassVar[bool] = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Stage:
+        # Remember the constructor's keyword arguments so a run started from Python can
+        # record its configuration in the manifest exactly like a YAML run does.
+        obj = super().__new__(cls)
+        obj._params = dict(kwargs)
+        return obj
+
+    def params(self) -> dict[str, Any]:
+        """The keyword arguments this stage was built with (for the manifest)."""
+        return dict(getattr(self, "_params", {}))
+
     def score(self, batch: pa.Table) -> pa.Table:
         """Add measurement columns. Row-local; default adds nothing."""
         return batch
