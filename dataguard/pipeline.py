@@ -82,10 +82,10 @@ class RunResult:
         return self.manifest["counts"]["rows_rejected"]
 
     def kept_table(self) -> pa.Table:
-        return pa.concat_tables([read_table(Path(s["path"])) for s in self.manifest["outputs"]["data"]])
+        return pa.concat_tables([read_table(self.output / s["path"]) for s in self.manifest["outputs"]["data"]])
 
     def rejected_table(self) -> pa.Table:
-        return pa.concat_tables([read_table(Path(s["path"])) for s in self.manifest["outputs"]["rejected"]])
+        return pa.concat_tables([read_table(self.output / s["path"]) for s in self.manifest["outputs"]["rejected"]])
 
 
 class Pipeline:

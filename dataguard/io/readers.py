@@ -198,6 +198,8 @@ def _read_json_array(path: Path, source: str, prefix: str = "item") -> Iterator[
     before it are kept, and the unreadable remainder becomes one rejected row that
     says where parsing stopped and keeps the start of the remaining text.
     """
+    if _first_significant_byte(path) == b"":
+        return  # empty or whitespace-only: reported once as `empty_file`
     position = 0
     with _open_binary(path) as f:
         counted = _CountingReader(f)

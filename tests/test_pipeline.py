@@ -1,0 +1,191 @@
+"""End-to-end runs: nothing lost, deterministic bytes, readable shards, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pytest
+
+from dataguard.io.readers import InputSpec
+from dataguard.io.writer import read_table
+from dataguard.pipeline import Pipeline, plan_segments
+from dataguard.records import CANONICAL_COLUMNS
+from dataguard.stages.dedup import DedupStage
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _inputs(shared: Path) -> list[InputSpec]:
+    return [
+        InputSpec(path=shared / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca"),
+        InputSpec(path=shared / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", name="glaive"),
+        InputSpec(path=shared / "messages_kto_demo/v1_sft_demo.jsonl", name="parts"),
+        InputSpec(path=shared / "banking77/test.csv", name="banking", format="labelled_text",
+                  aliases={"category": "label"}),
+    ]
+
+
+def _bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for sub in ("data", "rejected") for p in sorted((folder / sub).glob("*.arrow"))}
+
+
+def test_plan_fuses_row_local_stages_and_splits_at_fits() -> None:
+    from dataguard.stage import Stage
+
+    class Local(Stage):
+        name = "local"
+
+    segments = plan_segments([Local(), DedupStage(), Local(), Local()])
+    assert [s.ops for s in segments] == [
+        [("score", 0), ("apply", 0), ("score", 1), ("summarize", 1)],
+        [("apply", 1), ("score", 2), ("apply", 2), ("score", 3), ("apply", 3)],
+    ]
+    assert segments[0].fit_stage == 1 and segments[1].fit_stage is None
+
+
+def test_real_data_nothing_lost_and_shards_open_everywhere(shared_data: Path, tmp_path: Path) -> None:
+    result = Pipeline([DedupStage(action="drop")], batch_rows=700, shard_rows=1500).run(
+        _inputs(shared_data), tmp_path / "out")
+    counts = result.manifest["counts"]
+    assert counts["rows_in"] == 999 + 300 + 500 + 3080
+    assert counts["rows_in"] == counts["rows_kept"] + counts["rows_rejected"] and counts["balanced"]
+    # per-stage bookkeeping adds up too
+    normalize, dedup = result.manifest["stages"]
+    assert normalize["rows_in"] == counts["rows_in"]
+    assert dedup["rows_in"] == normalize["rows_kept"]
+    assert dedup["rows_kept"] == counts["rows_kept"]
+    parts_file = shared_data / "messages_kto_demo/v1_sft_demo.jsonl"
+    with_slots = sum("{{" in line for line in parts_file.read_text().splitlines())
+    assert normalize["reasons"]["unfilled_placeholder"] == with_slots == 50
+    assert dedup["reasons"].get("exact_duplicate", 0) >= 1
+    # shards: several, readable by pyarrow, datasets.from_file and load_dataset("arrow")
+    files = result.manifest["outputs"]["data"]
+    assert len(files) == -(-counts["rows_kept"] // 1500)
+    table = pa.concat_tables([read_table(tmp_path / "out" / f["path"]) for f in files])
+    assert tuple(table.column_names[:5]) == CANONICAL_COLUMNS
+    first = datasets.Dataset.from_file(str(tmp_path / "out" / files[0]["path"]))
+    assert len(first) == files[0]["rows"]
+    loaded = datasets.load_dataset("arrow", data_files=str(tmp_path / "out/data/*.arrow"), split="train")
+    assert len(loaded) == counts["rows_kept"]
+    # every rejected row has a stage and a reason
+    rejected = result.rejected_table()
+    assert rejected.num_rows == counts["rows_rejected"]
+    assert all(rejected.column("reason").to_pylist()) and all(rejected.column("stage").to_pylist())
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert {i["name"]: i["rows"] for i in manifest["inputs"]} == {
+        "alpaca": 999, "glaive": 300, "parts": 500, "banking": 3080}
+    assert all(len(i["sha256"]) == 64 for i in manifest["inputs"])
+    assert manifest["packages"]["pyarrow"] == pa.__version__
+
+
+def test_bad_input_is_rejected_with_reasons(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join([
+        b'{"instruction": "Say hi", "output": "Hi!"}',
+        b'{"instruction": "broken',
+        b"\xff\xfe\xfd",
+        b'"just a string"',
+        b'{"instruction": 5, "output": ["not", "text"]}',
+        b'{"messages": [{"role": "assistant", "content": "I speak first"}]}',
+        b'{"foo": "bar"}',
+    ]))
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    result = Pipeline([]).run([InputSpec(path=bad), InputSpec(path=empty)], tmp_path / "out")
+    assert result.rows_in == 8 and result.rows_kept == 1 and result.rows_rejected == 7
+    reasons = result.rejected_table().column("reason").to_pylist()
+    assert {"invalid_json", "invalid_utf8", "empty_file"} <= set(reasons)
+    assert len(set(reasons)) >= 6  # each kind of problem has its own reason code
+
+
+def test_parallel_and_serial_runs_are_byte_identical(shared_data: Path, tmp_path: Path) -> None:
+    inputs = _inputs(shared_data)[:3]
+    Pipeline([DedupStage()], workers=1, batch_rows=400).run(inputs, tmp_path / "a")
+    Pipeline([DedupStage()], workers=2, batch_rows=400).run(inputs, tmp_path / "b")
+    a, b = _bytes(tmp_path / "a"), _bytes(tmp_path / "b")
+    assert a and a == b
+    assert (tmp_path / "a/manifest.json").read_bytes() == (tmp_path / "b/manifest.json").read_bytes()
+
+
+def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dataguard.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_killed_run_resumes_to_identical_output(shared_data: Path, tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        "inputs:\n"
+        f"  - {{path: {shared_data / 'gpteacher_toolformer/toolformer-dedupe-only-dataset.json'}, name: toolformer}}\n"
+        f"  - {{path: {shared_data / 'alpaca_en_demo/alpaca_en_demo.json'}, name: alpaca}}\n"
+        "stages:\n  - dedup: {action: drop}\n"
+        "batch_rows: 150\nworkers: 1\nreport: false\n")
+    clean = _cli("run", str(config), "--output", str(tmp_path / "clean"), "--no-report")
+    assert clean.returncode == 0, clean.stderr
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "dataguard.cli", "run", str(config), "--output", str(out),
+                             "--no-report"], cwd=REPO, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "_work").glob("seg0*/*.meta.pkl"))) < 5:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len(list((out / "_work").glob("seg0*/*.meta.pkl")))
+    assert not (out / "manifest.json").exists(), "run finished before it could be killed"
+    assert done_before >= 5
+
+    resumed = _cli("run", str(config), "--output", str(out), "--no-report")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _bytes(out) == _bytes(tmp_path / "clean")
+    assert (out / "manifest.json").read_bytes() == (tmp_path / "clean/manifest.json").read_bytes()
+    assert not (out / "_work").exists()
+
+
+def test_cli_inspect_and_errors(shared_data: Path, tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text(f"inputs:\n  - path: {REPO / 'sample_data/messages_content_parts.jsonl'}\n"
+                      "stages:\n  - dedup: {action: flag}\n")
+    run = _cli("run", str(config), "--output", str(tmp_path / "o"), "--no-report")
+    assert run.returncode == 0, run.stderr
+    assert "rows in 250" in run.stdout
+    inspect = _cli("inspect", str(tmp_path / "o"))
+    assert inspect.returncode == 0
+    assert "unfilled_placeholder" in inspect.stdout and "{{name}}" in inspect.stdout
+    missing = _cli("inspect", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "no manifest.json" in missing.stderr
+    no_output = _cli("run", str(config))
+    assert no_output.returncode == 2 and "no output folder" in no_output.stderr
+    for sub in ("run", "inspect", "report"):
+        assert _cli(sub, "--help").returncode == 0
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("inputs:\n  - path: sample_data/alpaca_en_demo.json\nstagse: []\n", ":3: stagse: unknown key"),
+    ("inputs:\n  - path: sample_data/nope.json\n", ":2: inputs[0].path: file not found"),
+    ("inputs:\n  - path: sample_data/alpaca_en_demo.json\nstages:\n  - dedup: {acton: drop}\n",
+     ":4: stages[0].dedup.acton: unknown parameter"),
+    ("inputs:\n  - path: sample_data/alpaca_en_demo.json\nstages:\n  - dedup: {action: explode}\n",
+     ":4: stages[0].dedup.action"),
+    ("inputs:\n  - path: sample_data/alpaca_en_demo.json\nstages:\n  - nosuch: {}\n",
+     ":4: stages[0].nosuch: unknown stage"),
+    ("inputs:\n  - path: sample_data/alpaca_en_demo.json\nworkers: two\n", ":3: workers: must be a positive integer"),
+    ("inputs:\n  - path: sample_data/alpaca_en_demo.json\n    format: alpacca\n", ":3: inputs[0].format: unknown format"),
+    ("inputs: [\n", "invalid YAML"),
+])
+def test_config_errors_name_file_line_and_key(tmp_path: Path, text: str, needle: str) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    result = _cli("run", str(config), "--output", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert str(config) in result.stderr and needle in result.stderr, result.stderr
