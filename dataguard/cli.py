@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--report", help="HTML report path (default: OUTPUT/report.html or the config's `report:`)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML audit report")
     run.add_argument("--workers", type=int, help="worker processes (default: config, else all cores)")
+    run.add_argument("--executor", choices=("local", "ray"), help="where units run (overrides the config)")
     run.add_argument("--fresh", action="store_true", help="discard unfinished work instead of resuming")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -81,6 +82,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         print("dataguard: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    if args.executor:
+        config.executor = args.executor
     if args.fresh:
         shutil.rmtree(output / "_work", ignore_errors=True)
     pipeline = config.pipeline(progress=not args.quiet and sys.stderr.isatty(), workers=args.workers)

@@ -31,6 +31,8 @@ TOP_LEVEL: dict[str, str] = {
     "shard_rows": "max rows per output shard",
     "shard_bytes": "max bytes per output shard",
     "report": "path of the HTML audit report, or false",
+    "executor": "local (process pool, default) or ray",
+    "ray_address": "address of a running Ray cluster (default: start one locally)",
 }
 INPUT_KEYS = ("path", "name", "format", "reader", "aliases", "text_field", "label_field", "json_key")
 FORMATS = ("auto", "alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
@@ -54,6 +56,8 @@ class LoadedConfig:
     batch_rows: int
     shard_rows: int
     shard_bytes: int | None
+    executor: str = "local"
+    ray_address: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
 
     def pipeline(self, progress: bool = False, workers: int | None = None):
@@ -62,7 +66,8 @@ class LoadedConfig:
         return Pipeline(self.stages, normalizer=self.normalizer,
                         workers=workers if workers is not None else self.workers,
                         batch_rows=self.batch_rows, shard_rows=self.shard_rows, shard_bytes=self.shard_bytes,
-                        progress=progress, config=self.raw)
+                        progress=progress, config=self.raw, executor=self.executor,
+                        ray_address=self.ray_address)
 
 
 class _Located:
@@ -147,7 +152,14 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None) -> Loaded
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise loc.error((key,), f"must be a positive integer, got {value!r}")
         ints[key] = value
+    executor = data.get("executor", "local")
+    if executor not in ("local", "ray"):
+        raise loc.error(("executor",), f"must be 'local' or 'ray', got {executor!r}")
+    ray_address = data.get("ray_address")
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise loc.error(("ray_address",), "must be a string such as 'auto' or 'ray://host:10001'")
     return LoadedConfig(
+        executor=executor, ray_address=ray_address,
         path=path, inputs=inputs, stages=stages, normalizer=normalizer,
         output=Path(output) if output else None,
         report=Path(report) if isinstance(report, str) else report,

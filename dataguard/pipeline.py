@@ -98,7 +98,8 @@ class Pipeline:
                  workers: int | None = 1, batch_rows: int = DEFAULT_BATCH_ROWS,
                  shard_rows: int = 100_000, shard_bytes: int | None = None,
                  progress: bool = False, keep_work: bool = False,
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, executor: str = "local",
+                 ray_address: str | None = None) -> None:
         if normalizer is None:
             from dataguard.stages.normalize import Normalizer
 
@@ -108,6 +109,10 @@ class Pipeline:
         for stage in self.stages:
             if not isinstance(stage, Stage):
                 raise TypeError(f"pipeline stages must be Stage instances, got {type(stage).__name__}")
+        if executor not in ("local", "ray"):
+            raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+        self.executor = executor
+        self.ray_address = ray_address
         self.workers = workers
         self.batch_rows = int(batch_rows)
         self.shard_rows = int(shard_rows)
@@ -136,7 +141,7 @@ class Pipeline:
 
         segments = plan_segments(self.stages)
         stage_seconds: dict[str, float] = {}
-        executor = LocalExecutor(workers=self.workers, progress=self.progress)
+        executor = self._executor()
         metas_by_segment: list[list[dict[str, Any]]] = []
         for segment in segments:
             seg_dir = work / f"seg{segment.index:02d}"
@@ -170,6 +175,13 @@ class Pipeline:
         if not self.keep_work:
             shutil.rmtree(work, ignore_errors=True)
         return RunResult(output=output, manifest=manifest, timings=timings)
+
+    def _executor(self) -> Any:
+        if self.executor == "ray":
+            from dataguard.executors.ray import RayExecutor
+
+            return RayExecutor(address=self.ray_address, num_cpus=self.workers, progress=self.progress)
+        return LocalExecutor(workers=self.workers, progress=self.progress)
 
     def _stage_key(self, index: int) -> str:
         return f"{index + 1:02d}-{self.stages[index].name}" if index >= 0 else "00-normalize"
