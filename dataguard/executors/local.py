@@ -116,13 +116,12 @@ _WORKER_STATE: Any = None
 
 def _init_worker(state_bytes: bytes) -> None:
     global _WORKER_STATE
+    # One worker per core: keep each worker's math libraries single-threaded. Set via the
+    # environment (read when torch/BLAS first load) instead of importing torch here,
+    # which would cost seconds per worker in pipelines that never use it.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
     _WORKER_STATE = pickle.loads(state_bytes)
 
 
