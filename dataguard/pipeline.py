@@ -348,10 +348,20 @@ def _package_versions() -> dict[str, str | None]:
 
 
 def _jsonable(value: Any) -> Any:
-    """Round-trip through deterministic JSON so numpy scalars and tuples become plain."""
+    """Plain, strict JSON: numpy scalars and tuples become plain; NaN/inf become null."""
     import json
+    import math
 
-    return json.loads(json_dumps(value))
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return clean(json.loads(json_dumps(value)))
 
 
 def _iso(ts: float) -> str:
