@@ -1,0 +1,178 @@
+"""Exact-duplicate detection over the whole dataset, by a 64-bit hash of the normalized content.
+
+``score`` hashes each row (blake2b, 8 bytes -> uint64) over its turns: role and content,
+with surrounding whitespace stripped from each content (trailing newlines and indentation
+differences are export noise, not different training examples). ``scope="messages"``
+hashes the whole conversation; ``scope="prompt"`` only the system/user/tool turns, so two
+answers to the same prompt count as duplicates. The label is not hashed: the same text
+under two labels is a duplicate here (the label-noise stage deals with the conflict).
+
+``summarize`` keeps, per batch, each distinct hash once with the id of its first row;
+``fit`` merges them in input order, so the first occurrence in the whole input wins.
+``apply`` adds ``is_duplicate`` and ``duplicate_of`` (id of the first occurrence, null for
+originals) and, with ``action="drop"``, rejects the later copies as ``exact_duplicate``.
+Ids must be unique across the run (normalization guarantees it per source).
+With 64-bit hashes the chance of any false match among 10^8 rows is ~3e-4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataguard.records import reject_rows
+from dataguard.stage import Outcome, Stage, StageConfigError
+
+ACTIONS = ("flag", "drop")
+SCOPES = ("messages", "prompt")
+PROMPT_ROLES = frozenset({"system", "user", "tool"})
+MAX_EXAMPLES = 20
+SNIPPET_CHARS = 200
+
+
+@dataclass
+class DedupSummary:
+    """Distinct hashes of one batch (first-occurrence order) and the id of their first row."""
+
+    hashes: np.ndarray  # uint64
+    first_ids: list[str]
+
+
+def content_hashes(table: pa.Table, scope: str = "messages") -> np.ndarray:
+    """uint64 hash per row of the (stripped) turns in `scope`; same content -> same hash."""
+    msgs = table.column("messages").combine_chunks() if table.num_rows else None
+    if msgs is None:
+        return np.zeros(0, dtype=np.uint64)
+    flat = msgs.flatten()
+    roles = flat.field("role").to_pylist()
+    contents = pc.utf8_trim_whitespace(flat.field("content")).to_pylist()
+    offsets = msgs.offsets.to_numpy()
+    out = np.empty(table.num_rows, dtype=np.uint64)
+    wanted = PROMPT_ROLES if scope == "prompt" else None
+    for i in range(table.num_rows):
+        h = hashlib.blake2b(digest_size=8)
+        for j in range(offsets[i], offsets[i + 1]):
+            role = roles[j]
+            if wanted is not None and role not in wanted:
+                continue
+            h.update(role.encode())
+            h.update(b"\x1f")
+            h.update((contents[j] or "").encode("utf-8", "surrogatepass"))
+            h.update(b"\x1e")
+        out[i] = int.from_bytes(h.digest(), "little")
+    return out
+
+
+class DedupStage(Stage):
+    """Flags (or drops) rows whose content already appeared earlier in the input."""
+
+    name = "dedup"
+    needs_fit = True
+
+    def __init__(self, *, action: str = "flag", scope: str = "messages") -> None:
+        if action not in ACTIONS:
+            raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}")
+        if scope not in SCOPES:
+            raise StageConfigError(f"scope must be one of {SCOPES}, got {scope!r}")
+        self.action = action
+        self.scope = scope
+        self._keys: np.ndarray = np.zeros(0, dtype=np.uint64)  # sorted distinct hashes
+        self._first: np.ndarray = np.zeros(0, dtype=object)  # first-occurrence id per key
+        self._fitted = False
+        self._stats: dict[str, Any] = {"rows": 0, "duplicates": 0, "examples": []}
+
+    def output_columns(self) -> dict[str, pa.DataType]:
+        return {"content_hash": pa.uint64(), "is_duplicate": pa.bool_(), "duplicate_of": pa.string()}
+
+    def score(self, batch: pa.Table) -> pa.Table:
+        hashes = content_hashes(batch, self.scope)
+        return _set_column(batch, "content_hash", pa.array(hashes, pa.uint64()))
+
+    def summarize(self, batch: pa.Table) -> DedupSummary:
+        hashes = batch.column("content_hash").to_numpy()
+        uniq, first_pos = np.unique(hashes, return_index=True)
+        order = np.sort(first_pos)  # keep the batch's own order (first occurrences)
+        ids = batch.column("id").to_pylist()
+        return DedupSummary(hashes=hashes[order].astype(np.uint64), first_ids=[ids[p] for p in order])
+
+    def fit(self, summaries: Sequence[DedupSummary]) -> None:
+        if summaries:
+            hashes = np.concatenate([s.hashes for s in summaries]).astype(np.uint64)
+            ids = np.array([i for s in summaries for i in s.first_ids], dtype=object)
+        else:
+            hashes, ids = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=object)
+        # np.unique's return_index is the index of the FIRST occurrence: input order wins.
+        self._keys, first = np.unique(hashes, return_index=True)
+        self._first = ids[first]
+        self._fitted = True
+
+    def apply(self, batch: pa.Table) -> Outcome:
+        if not self._fitted:
+            raise RuntimeError("DedupStage.apply called before fit")
+        hashes = batch.column("content_hash").to_numpy() if batch.num_rows else np.zeros(0, np.uint64)
+        ids = np.array(batch.column("id").to_pylist(), dtype=object)
+        pos = np.searchsorted(self._keys, hashes)
+        found = (pos < len(self._keys))
+        found[found] = self._keys[pos[found]] == hashes[found]
+        if not found.all():
+            raise RuntimeError("DedupStage.apply saw a hash that was not in its fit summaries")
+        first = self._first[pos] if len(pos) else np.zeros(0, dtype=object)
+        dup = first != ids
+        dup_of = [f if d else None for f, d in zip(first.tolist(), dup.tolist(), strict=True)]
+        out = _set_column(batch, "is_duplicate", pa.array(dup, pa.bool_()))
+        out = _set_column(out, "duplicate_of", pa.array(dup_of, pa.string()))
+        examples = [{"id": i, "duplicate_of": f, "text": _snippet(t)}
+                    for i, f, t in zip(ids[dup][:MAX_EXAMPLES].tolist(), first[dup][:MAX_EXAMPLES].tolist(),
+                                       _texts(batch.filter(pa.array(dup))[:MAX_EXAMPLES]), strict=True)]
+        stats = {"rows": batch.num_rows, "duplicates": int(dup.sum()), "examples": examples}
+        if self.action == "drop" and dup.any():
+            mask = pa.array(dup, pa.bool_())
+            rejected = reject_rows(out, mask, self.name, "exact_duplicate",
+                                   [f"same {self.scope} content as {f}" for f in first[dup].tolist()])
+            return Outcome(kept=out.filter(pc.invert(mask)), rejected=rejected, stats=stats)
+        return Outcome(kept=out, stats=stats)
+
+    def absorb(self, stats: Sequence[Any]) -> None:
+        for s in stats:
+            if s is None:
+                continue
+            self._stats["rows"] += s["rows"]
+            self._stats["duplicates"] += s["duplicates"]
+            room = MAX_EXAMPLES - len(self._stats["examples"])
+            self._stats["examples"].extend(s["examples"][:max(room, 0)])
+
+    def describe(self) -> dict[str, Any]:
+        s = self._stats
+        blocks: list[dict[str, Any]] = []
+        if s["examples"]:
+            blocks.append({"type": "examples", "title": "Exact duplicates (later copies)",
+                           "items": [{"id": e["id"], "label": "duplicate", "text": e["text"],
+                                      "note": f"first seen as {e['duplicate_of']}"} for e in s["examples"]]})
+        return {
+            "title": "Exact duplicates",
+            "summary": {"rows": s["rows"], "duplicates": s["duplicates"], "distinct_contents": int(len(self._keys)),
+                        "scope": self.scope, "action": self.action},
+            "blocks": blocks,
+        }
+
+
+def _texts(table: pa.Table) -> list[str]:
+    return ["\n".join(f"{m['role']}: {m['content']}" for m in (msgs or []))
+            for msgs in table.column("messages").to_pylist()]
+
+
+def _snippet(text: str) -> str:
+    return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
+
+
+def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    """Append or replace a column (re-running a stage must not duplicate its columns)."""
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, values)
+    return table.append_column(name, values)

@@ -1,0 +1,305 @@
+"""Repetition / URL quality filter, scored separately on the prompt and the response side.
+
+Prompt side = system + user + tool turns, response side = assistant turns (joined with
+newlines, as in ``dataguard.records``). ``score`` adds, per side, float32 columns
+``{side}_{score}`` (see ``dataguard.text.quality_scores`` for the exact definitions);
+``apply`` rejects a row at its first failing rule (reason code below) and lists every
+failure in ``detail``. Each threshold can be set to ``None`` to disable its rule.
+
+Defaults and where they come from:
+
+=====================  ==========================  ==========  =====================================
+rule (reason code)     score                       reject if   source of the default
+=====================  ==========================  ==========  =====================================
+char_repeat            char_repeat_ratio           >= 0.3      dataguard issue #3 (share of chars
+                                                               equal to the previous one)
+too_many_urls          url_count                   >= 3        dataguard issue #3
+url_ratio              url_char_ratio              >= 0.5      ours (an answer that is mostly links)
+special_characters     special_char_ratio          > max       data-juicer special_characters_filter
+                                                   (off)       (its 0.25 rejects most code answers)
+char_ngram_repetition  char_rep_ratio (rep_len 10) > 0.5       data-juicer character_repetition_filter
+word_ngram_repetition  word_rep_ratio (rep_len 10) > 0.5       data-juicer word_repetition_filter
+duplicate_lines        dup_line_frac               > 0.3       Gopher, Rae et al. 2021, Table A1
+duplicate_line_chars   dup_line_char_frac          > 0.2       Gopher Table A1
+gopher_top_ngram       top{2,3,4}_gram_char_frac   > .20/.18/.16  Gopher Table A1
+gopher_dup_ngram       dup{5..10}_gram_char_frac   > .15 ... .10  Gopher Table A1
+=====================  ==========================  ==========  =====================================
+
+The Gopher rules were designed for web documents of at least 50 words (Gopher's own
+minimum); on a 6-word prompt one repeated bigram is already "20% of the characters". They
+therefore apply only to texts with at least ``gopher_min_words`` words (default 50); the
+scores are still computed for every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataguard.records import reject_rows
+from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.text import quality_scores as qs
+
+SIDES = {"prompt": ("system", "user", "tool"), "response": ("assistant",)}
+TOP_DEFAULT = {2: 0.20, 3: 0.18, 4: 0.16}
+DUP_DEFAULT = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+MAX_EXAMPLES = 20
+SNIPPET = 240
+HIST_EDGES = np.linspace(0.0, 1.0, 21)
+HIST_SCORES = ("char_repeat_ratio", "url_char_ratio", "char_rep_ratio", "word_rep_ratio", "dup_line_frac",
+               "top2_gram_char_frac", "dup5_gram_char_frac")
+
+
+def side_texts(batch: pa.Table, roles: Sequence[str]) -> pa.Array:
+    """Contents of the given roles joined by newlines, one string per row (Arrow, no Python loop)."""
+    n = batch.num_rows
+    if n == 0:
+        return pa.array([], pa.string())
+    msgs = batch.column("messages").combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = msgs.flatten()
+    content = flat.field("content")
+    keep = pc.and_(pc.is_in(flat.field("role"), value_set=pa.array(list(roles), pa.string())),
+                   pc.greater(pc.utf8_length(pc.fill_null(content, "")), 0))
+    keep_np = keep.to_numpy(zero_copy_only=False)
+    row_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    counts = np.bincount(row_of[keep_np], minlength=n)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), content.filter(keep))
+    return pc.binary_join(lists, "\n")
+
+
+@dataclass
+class QualityStats:
+    rows_in: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # every failing rule, not only the first
+    hists: dict[str, list[int]] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class QualityStage(Stage):
+    """Repetition and URL filter (see module docstring for rules, defaults and sources)."""
+
+    name = "quality"
+    needs_fit = False
+
+    def __init__(self, *, sides: Sequence[str] = ("prompt", "response"),
+                 char_repeat_threshold: float | None = 0.3, ignore_whitespace_repeats: bool = True,
+                 url_count_threshold: int | None = 3, url_ratio_threshold: float | None = 0.5,
+                 special_char_max: float | None = None,
+                 char_rep_max: float | None = 0.5, char_rep_len: int = 10,
+                 word_rep_max: float | None = 0.5, word_rep_len: int = 10,
+                 dup_line_frac_max: float | None = 0.3, dup_line_char_frac_max: float | None = 0.2,
+                 top_ngram_max: Mapping[int, float] | None = None,
+                 dup_ngram_max: Mapping[int, float] | None = None,
+                 gopher_min_words: int = 50) -> None:
+        sides = tuple(sides)
+        if not sides or any(s not in SIDES for s in sides) or len(set(sides)) != len(sides):
+            raise StageConfigError(f"sides must be a non-empty subset of {tuple(SIDES)}, got {sides!r}")
+        for pname, v in (("char_repeat_threshold", char_repeat_threshold), ("url_ratio_threshold", url_ratio_threshold),
+                         ("special_char_max", special_char_max),
+                         ("char_rep_max", char_rep_max), ("word_rep_max", word_rep_max),
+                         ("dup_line_frac_max", dup_line_frac_max), ("dup_line_char_frac_max", dup_line_char_frac_max)):
+            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
+                raise StageConfigError(f"{pname} must be a number in [0, 1] or null, got {v!r}")
+        if url_count_threshold is not None and not (isinstance(url_count_threshold, int)
+                                                    and not isinstance(url_count_threshold, bool)
+                                                    and url_count_threshold >= 1):
+            raise StageConfigError(f"url_count_threshold must be an integer >= 1 or null, got {url_count_threshold!r}")
+        for pname, v in (("char_rep_len", char_rep_len), ("word_rep_len", word_rep_len)):
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise StageConfigError(f"{pname} must be an integer >= 1, got {v!r}")
+        if not (isinstance(gopher_min_words, int) and gopher_min_words >= 0):
+            raise StageConfigError(f"gopher_min_words must be a non-negative integer, got {gopher_min_words!r}")
+        if not isinstance(ignore_whitespace_repeats, bool):
+            raise StageConfigError(f"ignore_whitespace_repeats must be true or false, got {ignore_whitespace_repeats!r}")
+        self.sides = sides
+        self.char_repeat_threshold = char_repeat_threshold
+        self.ignore_whitespace_repeats = ignore_whitespace_repeats
+        self.url_count_threshold = url_count_threshold
+        self.url_ratio_threshold = url_ratio_threshold
+        self.special_char_max = special_char_max
+        self.char_rep_max = char_rep_max
+        self.char_rep_len = char_rep_len
+        self.word_rep_max = word_rep_max
+        self.word_rep_len = word_rep_len
+        self.dup_line_frac_max = dup_line_frac_max
+        self.dup_line_char_frac_max = dup_line_char_frac_max
+        self.top_ngram_max = self._ngram_map("top_ngram_max", top_ngram_max, TOP_DEFAULT, 2)
+        self.dup_ngram_max = self._ngram_map("dup_ngram_max", dup_ngram_max, DUP_DEFAULT, 2)
+        self.gopher_min_words = gopher_min_words
+        self.stats = QualityStats()
+
+    @staticmethod
+    def _ngram_map(pname: str, value: Mapping[Any, Any] | None, default: dict[int, float],
+                   min_n: int) -> dict[int, float]:
+        if value is None:
+            return dict(default)
+        if not isinstance(value, Mapping):
+            raise StageConfigError(f"{pname} must be a mapping n -> max fraction, got {value!r}")
+        out: dict[int, float] = {}
+        for k, v in value.items():
+            try:
+                n = int(k)
+            except (TypeError, ValueError):
+                raise StageConfigError(f"{pname}: n-gram size {k!r} is not an integer") from None
+            if n < min_n or n > 20:
+                raise StageConfigError(f"{pname}: n-gram size {n} must be between {min_n} and 20")
+            if not (isinstance(v, int | float) and 0 <= v <= 1):
+                raise StageConfigError(f"{pname}: threshold for n={n} must be in [0, 1], got {v!r}")
+            out[n] = float(v)
+        return dict(sorted(out.items()))
+
+    # -- columns ---------------------------------------------------------------------------
+    def _score_names(self) -> list[tuple[str, pa.DataType]]:
+        names: list[tuple[str, pa.DataType]] = [
+            ("char_repeat_ratio", pa.float32()), ("url_count", pa.int32()), ("url_char_ratio", pa.float32()),
+            ("special_char_ratio", pa.float32()), ("char_rep_ratio", pa.float32()), ("word_rep_ratio", pa.float32()),
+            ("dup_line_frac", pa.float32()), ("dup_line_char_frac", pa.float32()), ("gopher_words", pa.int32()),
+        ]
+        names += [(f"top{k}_gram_char_frac", pa.float32()) for k in self.top_ngram_max]
+        names += [(f"dup{k}_gram_char_frac", pa.float32()) for k in self.dup_ngram_max]
+        return names
+
+    def output_columns(self) -> dict[str, pa.DataType]:
+        return {f"{side}_{name}": t for side in self.sides for name, t in self._score_names()}
+
+    # -- score -----------------------------------------------------------------------------
+    def side_scores(self, tb: qs.TextBatch) -> dict[str, np.ndarray]:
+        """Every score of one side's texts (the pure functions, composed)."""
+        out: dict[str, np.ndarray] = {}
+        out["char_repeat_ratio"] = qs.char_repeat_ratio(tb, ignore_whitespace=self.ignore_whitespace_repeats)
+        out["url_count"], out["url_char_ratio"] = qs.url_stats(tb)
+        out["special_char_ratio"] = qs.special_char_ratio(tb)
+        out["char_rep_ratio"] = qs.char_rep_ratio(tb, self.char_rep_len)
+        out["word_rep_ratio"] = qs.word_rep_ratio(tb, self.word_rep_len)
+        out["dup_line_frac"], out["dup_line_char_frac"] = qs.dup_line_fracs(tb)
+        out.update(qs.gopher_ngram_fracs(tb, tuple(self.top_ngram_max), tuple(self.dup_ngram_max)))
+        return out
+
+    def score(self, batch: pa.Table) -> pa.Table:
+        for side in self.sides:
+            tb = qs.TextBatch.from_arrow(side_texts(batch, SIDES[side]))
+            scores = self.side_scores(tb)
+            for name, typ in self._score_names():
+                col = f"{side}_{name}"
+                arr = pa.array(scores[name].astype(typ.to_pandas_dtype()), typ)
+                i = batch.schema.get_field_index(col)
+                batch = batch.set_column(i, col, arr) if i >= 0 else batch.append_column(col, arr)
+        return batch
+
+    # -- apply -----------------------------------------------------------------------------
+    def _rules(self) -> list[tuple[str, str, float, str, bool]]:
+        """(reason, score, threshold, comparison, gopher-gated) in the order they are checked."""
+        rules: list[tuple[str, str, float, str, bool]] = []
+        if self.char_repeat_threshold is not None:
+            rules.append(("char_repeat", "char_repeat_ratio", self.char_repeat_threshold, ">=", False))
+        if self.url_count_threshold is not None:
+            rules.append(("too_many_urls", "url_count", self.url_count_threshold, ">=", False))
+        if self.url_ratio_threshold is not None:
+            rules.append(("url_ratio", "url_char_ratio", self.url_ratio_threshold, ">=", False))
+        if self.special_char_max is not None:
+            rules.append(("special_characters", "special_char_ratio", self.special_char_max, ">", False))
+        if self.char_rep_max is not None:
+            rules.append(("char_ngram_repetition", "char_rep_ratio", self.char_rep_max, ">", False))
+        if self.word_rep_max is not None:
+            rules.append(("word_ngram_repetition", "word_rep_ratio", self.word_rep_max, ">", False))
+        if self.dup_line_frac_max is not None:
+            rules.append(("duplicate_lines", "dup_line_frac", self.dup_line_frac_max, ">", True))
+        if self.dup_line_char_frac_max is not None:
+            rules.append(("duplicate_line_chars", "dup_line_char_frac", self.dup_line_char_frac_max, ">", True))
+        rules += [("gopher_top_ngram", f"top{k}_gram_char_frac", v, ">", True) for k, v in self.top_ngram_max.items()]
+        rules += [("gopher_dup_ngram", f"dup{k}_gram_char_frac", v, ">", True) for k, v in self.dup_ngram_max.items()]
+        return rules
+
+    def apply(self, batch: pa.Table) -> Outcome:
+        if any(c not in batch.column_names for c in self.output_columns()):
+            batch = self.score(batch)
+        n = batch.num_rows
+        first_reason: list[str | None] = [None] * n
+        details: list[list[str]] = [[] for _ in range(n)]
+        stats = QualityStats(rows_in=n)
+        for side in self.sides:
+            words = batch.column(f"{side}_gopher_words").to_numpy(zero_copy_only=False)
+            gate = words >= self.gopher_min_words
+            for reason, score, thr, op, gated in self._rules():
+                vals = batch.column(f"{side}_{score}").to_numpy(zero_copy_only=False)
+                fail = (vals >= thr) if op == ">=" else (vals > thr)
+                if gated:
+                    fail &= gate
+                for i in np.flatnonzero(fail).tolist():
+                    v = vals[i]
+                    shown = f"{int(v)}" if score == "url_count" else f"{float(v):.3f}"
+                    details[i].append(f"{side} {score}={shown} {op} {thr:g}")
+                    stats.failures[reason] = stats.failures.get(reason, 0) + 1
+                    if first_reason[i] is None:
+                        first_reason[i] = reason
+            for name in HIST_SCORES:
+                col = f"{side}_{name}"
+                if col in batch.column_names:
+                    h, _ = np.histogram(np.clip(batch.column(col).to_numpy(zero_copy_only=False), 0, 1), HIST_EDGES)
+                    stats.hists[col] = h.astype(np.int64).tolist()
+        mask = np.array([r is not None for r in first_reason], dtype=bool)
+        idx = np.flatnonzero(mask).tolist()
+        rejected = reject_rows(batch, mask, self.name, [first_reason[i] for i in idx],
+                               ["; ".join(details[i]) for i in idx])
+        for i in idx:
+            r = first_reason[i]
+            stats.rejected[r] = stats.rejected.get(r, 0) + 1  # type: ignore[index]
+        if idx:
+            texts = {side: side_texts(batch.take(idx[:MAX_EXAMPLES]), SIDES[side]).to_pylist() for side in self.sides}
+            ids = batch.column("id").take(idx[:MAX_EXAMPLES]).to_pylist()
+            for j, i in enumerate(idx[:MAX_EXAMPLES]):
+                side = details[i][0].split(" ", 1)[0]
+                stats.examples.append({"id": ids[j], "label": first_reason[i],
+                                       "text": (texts.get(side) or [""] * len(ids))[j][:SNIPPET],
+                                       "note": "; ".join(details[i])})
+        return Outcome(kept=batch.filter(pa.array(~mask)), rejected=rejected, stats=stats)
+
+    # -- report ----------------------------------------------------------------------------
+    def absorb(self, stats: Sequence[Any]) -> None:
+        total = QualityStats()
+        for s in stats:
+            if s is None:
+                continue
+            total.rows_in += s.rows_in
+            for k, v in s.rejected.items():
+                total.rejected[k] = total.rejected.get(k, 0) + v
+            for k, v in s.failures.items():
+                total.failures[k] = total.failures.get(k, 0) + v
+            for k, v in s.hists.items():
+                total.hists[k] = [a + b for a, b in zip(total.hists.get(k, [0] * len(v)), v, strict=True)]
+            total.examples.extend(s.examples[: max(0, MAX_EXAMPLES - len(total.examples))])
+        self.stats = total
+
+    def describe(self) -> dict[str, Any]:
+        st = self.stats
+        reasons = [r for r, *_ in self._rules()]
+        reasons = list(dict.fromkeys(reasons))
+        summary: dict[str, Any] = {"rows_in": st.rows_in, "rows_rejected": sum(st.rejected.values()),
+                                   "gopher_min_words": self.gopher_min_words, "sides": ",".join(self.sides)}
+        summary.update({f"rejected_{r}": st.rejected.get(r, 0) for r in reasons})
+        blocks: list[dict[str, Any]] = [
+            {"type": "bar", "title": "Rows rejected by reason (first failing rule) and rule failures",
+             "labels": reasons,
+             "series": {"rejected": [st.rejected.get(r, 0) for r in reasons],
+                        "failures": [st.failures.get(r, 0) for r in reasons]}},
+            {"type": "table", "title": "Rules", "columns": ["reason", "score", "reject if", "threshold"],
+             "rows": [[r, s, op, t] for r, s, t, op, _ in self._rules()]},
+        ]
+        rule_thr = {score: thr for _, score, thr, _, _ in self._rules()}
+        for name in HIST_SCORES:
+            series = {side: st.hists[f"{side}_{name}"] for side in self.sides if f"{side}_{name}" in st.hists}
+            if series:
+                blocks.append({"type": "histogram", "title": name.replace("_", " "), "edges": HIST_EDGES.round(2).tolist(),
+                               "series": series, "x_label": name,
+                               "markers": ([{"label": "threshold", "value": rule_thr[name]}] if name in rule_thr else [])})
+        if st.examples:
+            blocks.append({"type": "examples", "title": "Rejected rows (first 20)", "items": st.examples})
+        return {"title": "Repetition / URL quality filter", "summary": summary, "blocks": blocks}

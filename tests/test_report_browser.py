@@ -1,0 +1,150 @@
+"""The audit report opened in a real headless Chromium (Debian's, via the DevTools protocol).
+
+Checks what only a browser can: the page loads with no console errors and no network
+requests, sections are there, the search and expand script works, script payloads
+planted in the data do not run, the CSP blocks inline script that is not ours, and the
+page reads without JavaScript and in print. Screenshots go to test-artifacts/.
+Chromium comes from scripts/install_chromium.sh; without it these tests skip, except in
+CI (CI=true), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dataguard.report import build_report
+from dataguard.report.browser import Chromium, chromium_path
+from dataguard.report.demo import CLASSIFICATION, SFT, write_demo_output
+
+pytestmark = pytest.mark.browser
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+if chromium_path() is None:
+    if os.environ.get("CI"):
+        pytest.fail("chromium missing in CI: run scripts/install_chromium.sh", pytrace=False)
+    pytest.skip("chromium not installed (scripts/install_chromium.sh)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with Chromium(width=1280, height=900) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("browser")
+    sft = build_report(write_demo_output(base / "sft", rows_in=20_000, payloads=True))
+    cls = build_report(write_demo_output(base / "cls", rows_in=8_000, stages=CLASSIFICATION, payloads=True))
+    return {"sft": sft, "cls": cls}
+
+
+PWNED = ("[typeof window.__pwned, document.body.getAttribute('data-pwned'), "
+         "document.querySelectorAll('img,iframe,object,embed,textarea,link,form').length, "
+         "document.scripts.length, getComputedStyle(document.body).display]")
+
+
+def _section_ids(browser) -> list[str]:
+    return browser.evaluate("[...document.querySelectorAll('section.card')].map(s => s.id)")
+
+
+def test_sft_report_loads_clean_with_every_section(browser, reports):
+    load = browser.load(reports["sft"])
+    assert load.errors == []
+    assert load.requests == [load.url]  # the document itself and nothing else
+    ids = _section_ids(browser)
+    assert ids[:4] == ["overview", "inputs", "funnel", "rejects"]
+    assert [i for i in ids if i.startswith("stage-")] == [f"stage-{s}" for s in SFT]
+    assert "kept" in ids and "config" in ids and "training" not in ids
+    assert browser.evaluate("document.getElementById('verdict').dataset.verdict") == "ok"
+    assert "NOTHING LOST" in browser.evaluate("document.getElementById('verdict').innerText")
+    assert browser.evaluate("document.querySelectorAll('svg.chart').length") >= 6
+    assert browser.evaluate("document.querySelectorAll('#rejects details.reason').length") == 12
+    browser.screenshot(ARTIFACTS / "report-sft-top.png")
+    browser.screenshot(ARTIFACTS / "report-sft-full.png", full_page=True)
+
+
+def test_injected_payloads_show_as_text_and_do_not_run(browser, reports):
+    browser.load(reports["sft"])
+    browser.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+    pwned, marker, foreign, scripts, display = browser.evaluate(PWNED)
+    assert (pwned, marker, foreign, scripts, display) == ("undefined", None, 0, 1, "block")
+    text = browser.evaluate("document.body.innerText")
+    assert "<script>window.__pwned=1</script>" in text
+    assert "onerror=\"window.__pwned=2" in text
+    assert "</textarea></pre></details><script>window.__pwned=4</script>" in text
+    assert "javascript:window.__pwned=3" in text
+    # no element anywhere carries an event handler or a javascript: URL
+    assert browser.evaluate(
+        "[...document.querySelectorAll('*')].filter(e => [...e.attributes].some(a => a.name.startsWith('on') "
+        "|| /^\\s*javascript:/i.test(a.value))).length") == 0
+    browser.screenshot(ARTIFACTS / "report-sft-payloads-expanded.png", full_page=True, max_height=6000)
+
+
+def test_search_and_expand_work(browser, reports):
+    browser.load(reports["sft"])
+    total = browser.evaluate("document.querySelectorAll('details.sample').length")
+    assert total > 50
+    assert browser.evaluate("document.getElementById('sample-toolbar').hidden") is False
+    visible = ("(() => {const s=document.getElementById('sample-search'); s.value=%r; "
+               "s.dispatchEvent(new Event('input')); return [...document.querySelectorAll('details.sample')]"
+               ".filter(d => !d.hidden && !d.closest('details.reason').hidden).length})()")
+    n_gsm = browser.evaluate(visible % "natalia sold clips")
+    assert 0 < n_gsm <= 12  # only the contamination samples quote the GSM8K item
+    assert browser.evaluate("[...document.querySelectorAll('details.reason')].filter(d => !d.hidden)"
+                            ".map(d => d.querySelector('.rc').textContent)") == ["contamination"]
+    assert "match" in browser.evaluate("document.getElementById('sample-count').textContent")
+    assert browser.evaluate(visible % "") == total
+    browser.evaluate("document.getElementById('expand-all').click()")
+    assert browser.evaluate("[...document.querySelectorAll('details.sample')].every(d => d.open)")
+    browser.evaluate("document.getElementById('collapse-all').click()")
+    assert browser.evaluate("[...document.querySelectorAll('details.reason')].every(d => !d.open)")
+
+
+def test_classification_report_heat_map_and_bars(browser, reports):
+    load = browser.load(reports["cls"])
+    assert load.errors == [] and load.requests == [load.url]
+    ids = _section_ids(browser)
+    assert [i for i in ids if i.startswith("stage-")] == [f"stage-{s}" for s in CLASSIFICATION]
+    assert "training" in ids
+    assert browser.evaluate("document.querySelectorAll('#stage-noise table.heat td').length") == 64
+    assert browser.evaluate("document.querySelectorAll('#stage-drift .badge.major').length") == 1
+    browser.evaluate("document.getElementById('stage-noise').scrollIntoView({behavior: 'instant'})")
+    browser.screenshot(ARTIFACTS / "report-classification-noise.png")
+    browser.screenshot(ARTIFACTS / "report-classification-full.png", full_page=True)
+
+
+def test_csp_blocks_inline_script_that_is_not_ours(browser, reports, tmp_path):
+    # Simulate an escaping bug: raw markup smuggled into the page must still not run.
+    page = reports["sft"].read_text(encoding="utf-8")
+    bad = page.replace("<main>", "<main><script>window.__csp=1</script><img src=x onerror=\"window.__csp=2\">"
+                       "<img src=\"https://example.com/x.png\">", 1)
+    (tmp_path / "bad.html").write_text(bad, encoding="utf-8")
+    load = browser.load(tmp_path / "bad.html")
+    assert browser.evaluate("typeof window.__csp") == "undefined"
+    assert any("Content Security Policy" in e for e in load.errors), load.errors
+    # the browser announced the two image fetches, and CSP refused both before they left
+    assert set(load.requests[1:]) == set(load.blocked) and set(load.blocked.values()) == {"csp"}, load
+
+
+def test_reads_without_javascript_and_prints_clean(browser, reports):
+    browser.send("Emulation.setScriptExecutionDisabled", {"value": True})
+    try:
+        browser.load(reports["sft"])
+        ids = _section_ids(browser)
+        assert "overview" in ids and "stage-length" in ids
+        assert browser.evaluate("1 + 1") == 2  # DevTools evaluation still works; the page's script did not run
+        assert browser.evaluate("document.getElementById('sample-toolbar').hidden") is True
+        assert browser.evaluate("document.querySelectorAll('details.sample').length") > 0
+    finally:
+        browser.send("Emulation.setScriptExecutionDisabled", {"value": False})
+    browser.load(reports["sft"])
+    browser.send("Emulation.setEmulatedMedia", {"media": "print"})
+    try:
+        assert browser.evaluate("getComputedStyle(document.querySelector('nav.toc')).display") == "none"
+        browser.screenshot(ARTIFACTS / "report-sft-print.png")
+    finally:
+        browser.send("Emulation.setEmulatedMedia", {"media": ""})
