@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--input", action="append", default=None, metavar="PATH",
                      help="replace the config's inputs with these files (repeatable; format auto-detected)")
     run.add_argument("--output", help="output folder (overrides `output:` in the config)")
-    run.add_argument("--report", help="HTML report path (default: OUTPUT/report.html or the config's `report:`)")
+    run.add_argument("--report", help="HTML report path (default: the config's `report:`, else OUTPUT/audit.html)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML audit report")
     run.add_argument("--workers", type=int, help="worker processes (default: config, else all cores)")
     run.add_argument("--executor", choices=("local", "ray"), help="where units run (overrides the config)")
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="rebuild the HTML audit report from an output folder")
     report.add_argument("output", help="output folder of a run")
-    report.add_argument("--html", help="where to write the report (default OUTPUT/report.html)")
+    report.add_argument("--html", help="where to write the report (default OUTPUT/audit.html)")
     return parser
 
 
@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"manifest: {output / 'manifest.json'}")
     if not args.no_report and config.report is not False:
         html = Path(args.report) if args.report else (config.report if isinstance(config.report, Path)
-                                                       else output / "report.html")
+                                                       else None)
         written = _build_report(output, html)
         if written is None:
             return EXIT_FAILED

@@ -140,7 +140,8 @@ def test_percentile_method_and_empty_batches(real: pa.Table) -> None:
     stage = ConsistencyStage(method="percentile", percentile=5)
     empty = stage.score(empty_canonical())
     stage.fit([stage.summarize(real), stage.summarize(empty)])
-    assert stage.cut == pytest.approx(np.percentile(real.column("consistency_score").to_numpy(), 5), abs=3e-3)
+    ordered = np.sort(real.column("consistency_score").to_numpy())
+    assert ordered[4] - 2e-3 <= stage.cut <= ordered[5] + 2e-3  # the 5th of 100 scores, +- one bin
     out = stage.apply(empty)
     for name, typ in stage.output_columns().items():
         assert out.kept.schema.field(name).type == typ
@@ -160,3 +161,29 @@ def test_validation_and_pickle_drops_model(real: pa.Table) -> None:
     assert stage.embedder._model is not None
     clone = pickle.loads(pickle.dumps(stage))
     assert clone.embedder._model is None and len(pickle.dumps(stage)) < 100_000
+
+
+def test_pipeline_end_to_end_keeps_scores_and_embeddings(shared_data: Path, tmp_path: Path) -> None:
+    """Normalize -> dedup -> consistency through the real pipeline, shards read back with pyarrow."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+    from dataguard.stages.dedup import DedupStage
+
+    records = json.loads((shared_data / "alpaca_en_demo/alpaca_en_demo.json").read_text(encoding="utf-8"))[:40]
+    records.append(dict(records[0]))  # a planted exact duplicate
+    path = tmp_path / "slice.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    stages = [DedupStage(action="drop"), ConsistencyStage(keep_embeddings=True, threads=2)]
+    Pipeline(stages, workers=1, batch_rows=16).run([InputSpec(path=path, name="slice")], tmp_path / "out")
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert manifest["counts"]["rows_in"] == 41 and manifest["counts"]["rows_kept"] == 40
+    shards = [pa.ipc.open_stream(tmp_path / "out" / f["path"]).read_all() for f in manifest["outputs"]["data"]]
+    data = pa.concat_tables(shards)
+    assert data.num_rows == 40
+    scores = data.column("consistency_score").to_numpy()
+    assert np.isfinite(scores).all() and np.median(scores) > 0.4
+    vectors = to_numpy(data.column(RESPONSE_COLUMN))
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    described = {s["name"]: s["description"] for s in manifest["stages"]}
+    assert described["consistency"]["summary"]["rows"] == 40
+    assert described["dedup"]["summary"]["duplicates"] == 1

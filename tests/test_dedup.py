@@ -43,7 +43,7 @@ def kept_rows(outs: list[Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(("rel", "key"), [
     ("alpaca_en_demo/alpaca_en_demo.json", lambda r: (r["instruction"], r["input"], r["output"])),
-    ("sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", lambda r: json.dumps(r["conversations"])),
+    ("sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", lambda r: json.dumps([r["conversations"], r["tools"]])),
     ("messages_kto_demo/v1_sft_demo.jsonl", lambda r: json.dumps(r["messages"])),
 ])
 def test_real_duplicates_match_an_independent_count(shared_data: Path, rel: str, key: Any) -> None:
@@ -65,7 +65,8 @@ def test_real_duplicates_match_an_independent_count(shared_data: Path, rel: str,
     want = [None if j == i else ids[j] for i, j in enumerate(expected_of)]
     assert got == want
     assert [r["is_duplicate"] for r in rows] == [w is not None for w in want]
-    assert sum(w is not None for w in want) > 0  # 14 / 35 / 1 per the SOURCE notes
+    assert sum(w is not None for w in want) == {"alpaca_en_demo.json": 14, "glaive_toolcall_en_demo.json": 35,
+                                                 "v1_sft_demo.jsonl": 1}[path.name]  # per the SOURCE notes
     assert stage.describe()["summary"]["duplicates"] == sum(w is not None for w in want)
 
 
@@ -122,6 +123,18 @@ def test_whitespace_is_normalised_but_roles_matter() -> None:
     ]
     outs, _ = run_stage(DedupStage(), canonical_table(rows), batch_rows=2)
     assert [r["duplicate_of"] for r in kept_rows(outs)] == [None, "a", None]
+
+
+def test_tool_definitions_are_part_of_the_content() -> None:
+    from dataguard.records import canonical_table
+
+    msgs = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "sunny"}]
+    metas = [None, '{"tools":"[]"}', '{"tools":""}', '{"tools":"[{\\"name\\": \\"w\\"}]"}',
+             '{"tools":[{"name":"w"}]}', '{"tools":[{"name":"v"}]}']
+    rows = [{"id": str(i), "source": "s", "messages": msgs, "meta": m} for i, m in enumerate(metas)]
+    outs, _ = run_stage(DedupStage(), canonical_table(rows), batch_rows=4)
+    # no tools == empty tool list; a JSON string and the parsed list are the same tools
+    assert [r["duplicate_of"] for r in kept_rows(outs)] == [None, "0", "0", None, "3", None]
 
 
 def test_columns_on_empty_batch_validation_and_pickle() -> None:

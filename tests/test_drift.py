@@ -70,9 +70,12 @@ def test_short_vs_long_is_major_and_label_set_shift_is_major(banking, clinc) -> 
     assert st.results["prompt_chars"]["verdict"] == "major" and st.results["prompt_chars"]["psi"] > 2
     assert st.results["prompt_words"]["verdict"] == "major"
     # disjoint label sets: every category is epsilon on one side
-    st2 = DriftStage(reference=banking["test"], columns=[], categorical=["label"], text=False)
-    _run(st2, clinc)
+    st2 = DriftStage(reference=banking["test"], columns=[], categorical=["label"], text=False, correct="resample")
+    kept, rejected = _run(st2, clinc)
     assert st2.results["label"]["verdict"] == "major"
+    # no training row has a reference label: correction is refused instead of dropping everything
+    assert rejected.num_rows == 0 and kept.num_rows == clinc.num_rows
+    assert "skipped" in st2.correction_note and st2.describe()["summary"]["corrected_column"] is None
 
 
 def _skewed(train: pa.Table) -> pa.Table:

@@ -84,35 +84,50 @@ def test_balanced_resampling_loses_nothing_and_is_deterministic() -> None:
     st = LongTailStage(resample="balanced", seed=7)
     kept, rejected = _run(st, table)
     ids = kept.column("id").to_pylist()
-    assert len(set(ids)) == len(ids)
-    originals = {i for i in ids if "#rep" not in i}
-    assert originals.isdisjoint(rejected.column("id").to_pylist())
-    assert originals | set(rejected.column("id").to_pylist()) == set(table.column("id").to_pylist())
+    # nothing lost, nothing duplicated: every input row is kept once or rejected once
+    assert kept.num_rows + rejected.num_rows == table.num_rows
+    assert sorted(ids + rejected.column("id").to_pylist()) == sorted(table.column("id").to_pylist())
     assert set(rejected.column("reason").to_pylist()) == {"resampled_out"}
-    # every copy follows its original and points to a real row
-    for i in ids:
-        if "#rep" in i:
-            assert i.split("#rep")[0] in originals
-    after = Counter(kept.column("label").to_pylist())
+    assert "0.4000 expected uses" in rejected.column("detail")[0].as_py()  # head class a: 20 / 50
+    reps = kept.column("repeat").to_numpy()
+    assert kept.schema.field("repeat").type == pa.int32() and reps.min() >= 1
+    after = Counter()
+    for label, r in zip(kept.column("label").to_pylist(), reps.tolist(), strict=True):
+        after[label] += r
     assert after[None] == 2
-    for c in COUNTS:  # target 20 each (binomial noise from row-local decisions)
+    for c in COUNTS:  # target 20 uses each (binomial noise from row-local decisions)
         assert 10 <= after[c] <= 30, (c, after[c])
-    assert st.describe()["summary"]["imbalance_ratio_after"] < 3 < st.describe()["summary"]["imbalance_ratio_before"]
+    # tail classes (5 rows, factor 4) are kept whole, each row used 4 times
+    assert set(r for label, r in zip(kept.column("label").to_pylist(), reps.tolist(), strict=True)
+               if label in ("d", "e")) == {4}
+    d = st.describe()["summary"]
+    assert d["imbalance_ratio_after"] < 3 < d["imbalance_ratio_before"]
+    assert d["rows_resampled_out"] == rejected.num_rows and d["rows_repeated"] > 0
     # inverse weights on the balanced distribution are all 1: no double correction
     np.testing.assert_allclose(st.training_state()["class_weights"], 1.0)
-    # same rows whatever the batching; same bytes on a second run
+    # same rows whatever the batching; same bytes on a second run; another seed differs
     kept2, rejected2 = _run(LongTailStage(resample="balanced", seed=7), table, batch=1000)
-    assert kept2.column("id").to_pylist() == ids
-    assert rejected2.equals(rejected)
+    assert kept2.equals(kept) and rejected2.equals(rejected)
     kept3, _ = _run(LongTailStage(resample="balanced", seed=8), table)
     assert kept3.column("id").to_pylist() != ids
+
+
+def test_incoming_repeat_counts_and_multiplies() -> None:
+    table = _table({"a": 10, "b": 10})
+    table = table.append_column("repeat", pa.array([3] * 10 + [1] * 10, pa.int32()))
+    labels = table.column("label").to_pylist()
+    st = LongTailStage(resample="balanced")
+    assert st.summarize(table) == Counter({"a": sum(3 for x in labels if x == "a"),
+                                           "b": sum(1 for x in labels if x == "b")})
+    kept, _ = _run(st, table)
+    assert kept.column_names.count("repeat") == 1
 
 
 def test_resample_to_explicit_target() -> None:
     st = LongTailStage(resample={"a": 1, "b": 1, "c": 0, "d": 0, "e": 0})
     kept, rejected = _run(st, _table(COUNTS))
     assert set(kept.column("label").to_pylist()) == {"a", "b"}
-    assert Counter(rejected.column("id").to_pylist()).most_common(1)[0][1] == 1
+    assert kept.num_rows + rejected.num_rows == 100
     np.testing.assert_allclose(st.training_state()["priors"], [0.5, 0.5, 0, 0, 0])
     with pytest.raises(StageConfigError, match="resample"):
         _run(LongTailStage(resample={"zzz": 1}), _table(COUNTS))
@@ -127,7 +142,8 @@ def test_empty_batch_has_same_columns_and_pickle_roundtrip() -> None:
     assert clone.apply(table).kept.equals(full.kept)
     empty = st.apply(table.slice(0, 0))
     assert empty.kept.num_rows == 0 and empty.kept.schema == full.kept.schema
-    assert st.output_columns() == {"sample_weight": pa.float32(), "curriculum_phase": pa.int8()}
+    assert st.output_columns() == {"sample_weight": pa.float32(), "curriculum_phase": pa.int8(), "repeat": pa.int32()}
+    assert "repeat" not in LongTailStage().output_columns()
 
 
 @pytest.mark.parametrize("kwargs, param", [
@@ -154,9 +170,11 @@ def test_real_banking77_describe_is_json_and_small(shared_data) -> None:
     assert d["summary"]["classes"] == 77 and d["summary"]["rows"] == 10003
     assert d["summary"]["imbalance_ratio_before"] == pytest.approx(187 / 35)
     assert len(json.dumps(d)) < 50_000
-    phases = Counter(d["training_state"]["curriculum"]["class_phase"])
+    state = st.training_state()
+    json.dumps(state)
+    phases = Counter(state["curriculum"]["class_phase"])
     assert phases[1] < phases[2] + phases[3]  # head classes are fewer than the rest
-    assert math.isclose(sum(d["training_state"]["priors"]), 1.0)
+    assert math.isclose(sum(state["priors"]), 1.0)
 
 
 # ---------------------------------------------------------------- logit adjustment helpers

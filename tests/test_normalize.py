@@ -254,6 +254,28 @@ def test_reader_errors_pass_through() -> None:
     assert out.stats["reasons"] == {"invalid_json": 1, "invalid_utf8": 1}
 
 
+def test_malformed_lines_from_the_reader(tmp_path: Path) -> None:
+    from dataguard.io.readers import InputSpec, read_batches
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"instruction": "Say hi", "output": "hi"}\n{"instruction": "x", "output": \n'
+                     b'{"text": "caf\xe9 au lait", "label": "drink"}\n[1, 2]\n'
+                     b'{"messages": [{"role": "user", "content": 3}]}\n')
+    spec = InputSpec(path=path, name="mixed")
+    outs = [Normalizer().normalize(b, spec.options()) for b in read_batches(spec)]
+    kept = pa.concat_tables([o.kept for o in outs])
+    rejected = pa.concat_tables([o.rejected for o in outs])
+    assert kept.column("id").to_pylist() == ["mixed:0"]
+    assert rejected.column("reason").to_pylist() == ["invalid_json", "invalid_utf8", "not_an_object", "wrong_type"]
+    assert rejected.column("record")[0].as_py().startswith('{"instruction": "x"')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    spec = InputSpec(path=empty, name="empty")
+    reasons = [r for b in read_batches(spec) for r in Normalizer().normalize(b, spec.options()).rejected
+               .column("reason").to_pylist()]
+    assert reasons == ["empty_file"]
+
+
 def test_duplicate_own_ids_stay_unique() -> None:
     recs = [{"id": "a", "prompt": "p", "completion": "c"}, {"id": "a", "prompt": "q", "completion": "d"},
             {"id": 7, "prompt": "r", "completion": "e"}]

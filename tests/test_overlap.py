@@ -167,6 +167,15 @@ def test_mask_removes_the_copy_and_keeps_the_rest(planted):
     # rescanning the masked rows finds no copy left
     again = stage.apply(out.kept.select(["id", "source", "messages", "label", "meta"]))
     assert not any(again.kept.column("contaminated").to_pylist())
+    # a row that is nothing but the copy: masked to nothing -> rejected, original text kept
+    item = json.loads(rows[0]["meta"]) if _kind(rows[0]) == "verbatim" else None
+    only = [{"id": "only", "source": "s", "messages": [{"role": "user", "content": rows[0]["messages"][0]["content"]}]}]
+    res = stage.apply(canonical_table(only))
+    assert res.kept.num_rows == 0 and res.rejected.num_rows == 1
+    rec = json.loads(res.rejected.column("record")[0].as_py())
+    assert rec["messages"][0]["content"] == only[0]["messages"][0]["content"]
+    assert "nothing left after masking" in res.rejected.column("detail")[0].as_py()
+    assert item is not None
 
 
 def test_validation_leakage_both_directions(alpaca):
@@ -311,3 +320,31 @@ def test_ratio_counts_row_tokens_not_item_tokens(fitted, items):
     assert r["overlap_ref_coverage"] == 1.0
     assert 0.05 < r["overlap_ratio"] < 0.5
     assert np.isclose(r["overlap_ratio"], r["overlap_longest"] / (r["overlap_longest"] / r["overlap_ratio"]))
+
+
+def test_pipeline_end_to_end_with_validation_split(tmp_path, alpaca, items):
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+
+    q = next(t for s, i, t in items if i == "gsm8k_test/10#question")
+    train = [dict(a) for a in alpaca[:200]]
+    train[5]["output"] = train[5]["output"] + "\n\nPractice problem: " + q
+    val = alpaca[200:260]
+    long_val = [a for a in val if len(a["output"].split()) > 40][:3]
+    train += [dict(a) for a in long_val]
+    (tmp_path / "train.json").write_text(json.dumps(train))
+    (tmp_path / "val.json").write_text(json.dumps(val))
+    stage = OverlapStage(references=["gsm8k_test", "humaneval"], validation_sources=["val"], mode="word",
+                         action="drop")
+    result = Pipeline([stage], workers=1, batch_rows=64).run(
+        [InputSpec(path=tmp_path / "train.json", name="train"), InputSpec(path=tmp_path / "val.json", name="val")],
+        tmp_path / "out")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["balanced"] and manifest["counts"]["rows_in"] == 263
+    desc = next(s for s in manifest["stages"] if s["name"] == "overlap")["description"]
+    summary = desc["summary"]
+    assert summary["rows_dropped"] >= 4  # the planted question + three copied validation rows
+    assert summary["validation_rows"] == 60
+    assert summary["cross_split_exact_duplicates"] >= 3
+    assert summary["validation_rows_found_in_train"] >= 3
+    assert result.manifest["stages"][-1]["reasons"].get("contamination", 0) == summary["rows_dropped"]

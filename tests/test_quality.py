@@ -59,6 +59,11 @@ def test_gopher_scores_by_hand():
     assert s["gopher_words"].tolist() == [4, 5, 10]
 
 
+def test_special_char_ratio_by_hand():
+    # "a1, b!" -> '1' ',' ' ' '!' are special (digit, punctuation, space): 4 of 6.
+    assert qs.special_char_ratio(qs.TextBatch(["a1, b!", "", "abc"])).tolist() == pytest.approx([4 / 6, 0, 0])
+
+
 def test_urls_by_hand():
     text = "see https://a.com/x and www.b.org, also http://c.io."
     s = scores([text, "no links here"])
@@ -203,6 +208,13 @@ def test_each_rule_has_its_own_reason_code():
     assert "response char_repeat_ratio=" in details["cr"] and ">= 0.3" in details["cr"]
     assert "response url_count=3 >= 3" in details["tu"]
     assert "response dup_line_frac=" in details["dl"]
+
+
+def test_special_characters_rule_is_opt_in():
+    r = row("sc", "Math", "1 + 2 = 3; 4 * 5 = 20; (6 / 2) = 3 !!")
+    assert QualityStage().apply(canonical_table([r])).kept.num_rows == 1
+    out = QualityStage(special_char_max=0.25).apply(canonical_table([r]))
+    assert out.rejected.column("reason").to_pylist() == ["special_characters"]
 
 
 def test_prompt_side_scored_separately():

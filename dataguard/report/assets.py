@@ -49,7 +49,8 @@ ul.checks{list-style:none;padding:0;margin:0 0 10px;columns:2;column-gap:28px}
 ul.checks li{break-inside:avoid;padding:2px 0}
 .ck{display:inline-block;width:18px;font-weight:800}.ck.ok{color:var(--ok)}.ck.bad{color:var(--bad)}.ck.na{color:var(--warn)}
 table{border-collapse:collapse;width:100%;font-size:13px}
-th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
+td{overflow-wrap:anywhere}
 th{font-weight:600;color:#374151;background:#f8fafc;position:sticky;top:0}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.mono,.mono{font-family:var(--mono);font-size:12px;word-break:break-all}
@@ -94,6 +95,7 @@ details.reason .body{padding:0 12px 10px}
 details.sample{border-top:1px solid var(--line);padding:6px 0}
 details.sample>summary{display:flex;gap:10px;align-items:baseline;font-size:13px}
 details.sample>summary .sid{font-family:var(--mono);font-size:12px;color:#334155;white-space:nowrap}
+details.sample>summary .sdet{color:#92400e;font-size:12px;white-space:nowrap;max-width:38%;overflow:hidden;text-overflow:ellipsis}
 details.sample>summary .snip{color:#475569;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;flex:1;min-width:0}
 details.sample .rec{margin:8px 0 4px 16px}
 .det{font-size:12.5px;color:#92400e;background:#fffbeb;border-radius:4px;padding:2px 6px;display:inline-block;margin:0 0 6px}

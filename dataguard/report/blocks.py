@@ -8,6 +8,7 @@ to its pretty-printed JSON so that any stage's description is always shown.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ EXAMPLE_TEXT_LIMIT = 2400
 SPAN_CONTEXT = 220
 MAX_BAR_LABELS = 120
 DENSE_MATRIX = 24
+_SHARE_KEY = re.compile(r"(^|_)(share|fraction|pct_of|rate)(_|$)")
 
 
 def cell(value: Any) -> str:
@@ -58,6 +60,8 @@ def summary_grid(summary: dict[str, Any]) -> str:
             val = f'<span class="mono">{esc(shown)}</span>'
         elif isinstance(v, str) and v.lower() in VERDICT_WORDS:
             val = f'<span class="badge {esc(v.lower())}">{esc(v)}</span>'
+        elif is_number(v) and 0 <= v <= 1 and _SHARE_KEY.search(str(k)):
+            val = f"{esc(num(100 * v))}%"
         else:
             val = esc(num(v))
         items.append(f'<div class="stat"><div class="k">{esc(label_text(k))}</div><div class="v">{val}</div></div>')

@@ -378,3 +378,35 @@ def write_demo_output(out_dir: str | Path, rows_in: int = 5000, stages: tuple[st
            "seconds": round(total + 1.3, 3), "stage_seconds": {s["name"]: s["seconds"] for s in stage_entries}}
     (out / "run.json").write_text(json.dumps(run, indent=1), encoding="utf-8")
     return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m dataguard.report.demo OUT``: write a demo output folder and its report
+    (and optionally a PNG screenshot of the report's top, e.g. for the README)."""
+    import argparse
+
+    from dataguard.report.build import build_report
+
+    ap = argparse.ArgumentParser(description="Write a synthetic output folder and its audit report.")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--rows", type=int, default=20_000)
+    ap.add_argument("--stages", choices=("sft", "classification"), default="sft")
+    ap.add_argument("--payloads", action="store_true", help="plant script-injection strings in the data")
+    ap.add_argument("--screenshot", type=Path, help="save a PNG of the top of the report here")
+    ap.add_argument("--height", type=int, default=1000, help="screenshot height in CSS pixels")
+    args = ap.parse_args(argv)
+    stages = SFT if args.stages == "sft" else CLASSIFICATION
+    html = build_report(write_demo_output(args.out, rows_in=args.rows, stages=stages, payloads=args.payloads))
+    print(html)
+    if args.screenshot:
+        from dataguard.report.browser import Chromium
+
+        with Chromium(width=1280, height=args.height) as browser:
+            load = browser.load(html)
+            if load.errors:
+                raise SystemExit(f"report has console errors: {load.errors}")
+            print(browser.screenshot(args.screenshot))
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,8 @@ PREVIEW_ROWS = 8
 MAX_MESSAGE_CHARS = 1500
 MAX_RAW_CHARS = 3000
 MAX_FIELD_CHARS = 600
+MAX_SAMPLES_TOTAL = 600  # with many reasons, fewer samples each (at least 3) keep the page small
+MAX_PARSE_CHARS = 2_000_000  # a record bigger than this is shown as clipped raw text, never parsed
 
 
 class ReportInputError(ValueError):
@@ -60,6 +62,9 @@ def parse_record(raw: str | None) -> dict[str, Any]:
     """
     if raw is None:
         return {"kind": "raw", "text": "", "cut": 0}
+    if len(raw) > MAX_PARSE_CHARS:
+        text, cut = clip(raw, MAX_RAW_CHARS)
+        return {"kind": "raw", "text": text, "cut": cut}
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
@@ -100,7 +105,7 @@ def _expected_keys(stages: Iterable[dict]) -> dict[tuple[str, str], int]:
     for st in stages:
         for reason, count in (st.get("reasons") or {}).items():
             key = (str(st.get("name")), str(reason))
-            out[key] = out.get(key, 0) + int(count or 0)
+            out[key] = out.get(key, 0) + (int(count) if isinstance(count, int | float) else 0)
     return out
 
 
@@ -139,8 +144,9 @@ def sample_rejected(folder: Path, expected: dict[tuple[str, str], int],
 
 def _take_samples(batch: pa.RecordBatch, samples: dict[tuple[str, str], list[dict]], per_reason: int) -> None:
     """Vectorised pick of the first rows of each (stage, reason) still short of samples."""
-    stage = pc.fill_null(batch.column("stage"), "")
-    reason = pc.fill_null(batch.column("reason"), "")
+    empty = pa.scalar("", pa.string())
+    stage = pc.coalesce(batch.column("stage"), empty)  # not fill_null: it imports pandas (~1 s)
+    reason = pc.coalesce(batch.column("reason"), empty)
     keys = pc.binary_join_element_wise(stage, reason, "\x1f").dictionary_encode()
     codes = keys.indices.to_numpy(zero_copy_only=False)
     wanted: list[int] = []
@@ -259,6 +265,7 @@ def collect(output_dir: str | Path, per_reason: int = SAMPLES_PER_REASON) -> dic
     rows_in = counts.get("rows_in")
 
     expected = _expected_keys(stages)
+    per_reason = min(per_reason, max(3, MAX_SAMPLES_TOTAL // max(1, len(expected))))
     samples, scanned, complete = sample_rejected(out_dir / "rejected", expected, per_reason)
     reasons = []
     for (st, rs), count in expected.items():
@@ -285,7 +292,7 @@ def collect(output_dir: str | Path, per_reason: int = SAMPLES_PER_REASON) -> dic
     verdict = None if not key_checks or any(c["ok"] is None for c in key_checks) else all(c["ok"] for c in key_checks)
     return {
         "report_version": MODEL_VERSION,
-        "output_dir": str(out_dir.resolve()),
+        "output_dir": str(out_dir),
         "dataguard_version": manifest.get("dataguard_version"),
         "counts": {"rows_in": rows_in, "rows_kept": counts.get("rows_kept"),
                    "rows_rejected": counts.get("rows_rejected"), "balanced": counts.get("balanced")},

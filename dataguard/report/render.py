@@ -118,6 +118,12 @@ def _overview(m: dict[str, Any]) -> str:
             ("Inputs", num(len(m.get("inputs") or [])), ""), ("Stages", num(len(m.get("stages") or [])), "")]
     kpi_html = "".join(f'<div class="kpi {k}"><div class="v">{esc(v)}</div><div class="k">{esc(t)}</div></div>'
                        for t, v, k in kpis)
+    share = ""
+    stages = m.get("stages") or []
+    if stages and all(is_number(s.get("rows_rejected")) for s in stages) and is_number(c.get("rows_kept")):
+        segs = [("kept", c["rows_kept"], "#2563eb")] + [(f"rejected by {s['name']}", s["rows_rejected"], None)
+                                                        for s in stages if s["rows_rejected"]]
+        share = f'<h3>Where the rows went</h3>{svg.share_bar(segs)}'
     checks = []
     for ch in m["checks"]:
         mark, cls = {True: ("✓", "ok"), False: ("✗", "bad"), None: ("?", "na")}[ch["ok"]]
@@ -127,7 +133,7 @@ def _overview(m: dict[str, Any]) -> str:
     if run.get("started"):
         when = (f'<p class="lead">Run started {esc(run.get("started"))}'
                 f'{", finished " + esc(run.get("finished")) if run.get("finished") else ""}.</p>')
-    return (f'{verdict}<div class="kpis">{kpi_html}</div>{when}<h3>Nothing-lost checks</h3>'
+    return (f'{verdict}<div class="kpis">{kpi_html}</div>{when}{share}<h3>Nothing-lost checks</h3>'
             f'<ul class="checks">{"".join(checks)}</ul>')
 
 
@@ -199,8 +205,9 @@ def _reasons(m: dict[str, Any], ids: set[str]) -> str:
             det = f'<div class="det">{esc(s.get("detail"))}</div>' if s.get("detail") else ""
             items.append(
                 f'<details class="sample"><summary><span class="sid">{esc(s.get("id"))}</span>'
-                f'<span class="muted small">{esc(s.get("source"))}</span><span class="snip">{esc(_snippet(rec))}</span>'
-                f'</summary><div class="rec">{det}{render_record(rec)}</div></details>')
+                f'<span class="sdet">{esc(_short(s.get("detail") or "", 70))}</span><span class="snip">{esc(_snippet(rec))}'
+                f'</span></summary><div class="rec">{det}<div class="small muted">source: {esc(s.get("source"))}</div>'
+                f'{render_record(rec)}</div></details>')
         shown = (f'<p class="example-detail">Showing {len(samples)} of {esc(num(cnt))} rows.'
                  f'{" e.g. “" + esc(first_detail) + "”" if first_detail else ""}</p>') if samples else \
             '<p class="example-detail">No sample rows found in the rejected shards.</p>'

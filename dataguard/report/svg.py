@@ -113,6 +113,11 @@ def histogram(edges: Sequence[float], series: dict[str, Sequence[float]], marker
         opacity = "0.55" if len(names) > 1 else "0.8"
         out.append(f'<path d="{"".join(d)}" fill="{colors[i]}" fill-opacity="{opacity}" stroke="{colors[i]}" '
                    f'stroke-width="1"><title>{esc(name)}</title></path>')
+    for j in range(len(edges) - 1):  # transparent per-bin targets: hover shows the exact counts
+        x0, x1 = sx(edges[j]), sx(edges[j + 1])
+        vals = " · ".join(f"{n}: {num(series[n][j]) if j < len(series[n]) else '—'}" for n in names)
+        out.append(f'<rect x="{_f(x0)}" y="{mt}" width="{_f(max(x1 - x0, 0.5))}" height="{ph}" fill="#000" '
+                   f'fill-opacity="0"><title>{esc(f"[{num(edges[j])}, {num(edges[j + 1])}) {vals}")}</title></rect>')
     out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{mt + ph}" y2="{mt + ph}" stroke="#374151"/>')
     xticks = _log_ticks(lo, hi) if log_x else nice_ticks(lo, hi, 6)
     for t in xticks:
@@ -243,3 +248,44 @@ def meter(value: float, vmax: float, width: int = 120, color: str = "#ef4444") -
     return (f'<svg class="meter" width="{width}" height="10" viewBox="0 0 {width} 10" aria-hidden="true">'
             f'<rect width="{width}" height="10" rx="2" fill="#f1f5f9"/>'
             f'<rect width="{_f(w)}" height="10" rx="2" fill="{color}"/></svg>')
+
+
+SHARE_COLORS = ("#ef4444", "#f97316", "#f59e0b", "#eab308", "#a855f7", "#ec4899", "#14b8a6", "#64748b")
+
+
+def share_bar(segments: Sequence[tuple[str, float, str | None]], width: int = 900) -> str:
+    """One 100 % bar of where the input rows went (kept, then each stage's rejects), with a
+    legend; tiny segments get a minimum width so that every stage stays visible."""
+    total = sum(v for _, v, _ in segments) or 1
+    h, mt = 22, 2
+    widths = [max(width * v / total, 3.0) if v > 0 else 0.0 for _, v, _ in segments]
+    excess = sum(widths) - width
+    if excess > 0 and widths:
+        big = max(range(len(widths)), key=widths.__getitem__)
+        widths[big] -= excess
+    colors, k = [], 0
+    for _, _, color in segments:
+        colors.append(color or SHARE_COLORS[k % len(SHARE_COLORS)])
+        k += 0 if color else 1
+    legend, lx, ly = [], 0.0, h + mt + 18
+    for (label, v, _), col in zip(segments, colors, strict=True):
+        extra = f"{num(v)} · {100 * v / total:.2f}%"
+        w = 6.4 * (len(label) + len(extra) + 1) + 30
+        if lx > 0 and lx + w > width:
+            lx, ly = 0.0, ly + 18
+        legend.append(f'<rect x="{_f(lx)}" y="{_f(ly - 9)}" width="10" height="10" rx="2" fill="{col}"/>'
+                      f'<text x="{_f(lx + 14)}" y="{_f(ly)}" fill="#374151">{esc(label)} '
+                      f'<tspan fill="#6b7280">{esc(extra)}</tspan></text>')
+        lx += w
+    height = int(ly + 8)
+    out = [f'<svg class="chart share" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+           f'font-size="12" font-family="system-ui,sans-serif"><title>Where the input rows went</title>']
+    x = 0.0
+    for (label, v, _), w, col in zip(segments, widths, colors, strict=True):
+        if w > 0:
+            out.append(f'<rect x="{_f(x)}" y="{mt}" width="{_f(w)}" height="{h}" fill="{col}">'
+                       f'<title>{esc(f"{label}: {num(v)} rows ({100 * v / total:.2f}%)")}</title></rect>')
+        x += w
+    out.extend(legend)
+    out.append("</svg>")
+    return "".join(out)

@@ -4,7 +4,11 @@
 with surrounding whitespace stripped from each content (trailing newlines and indentation
 differences are export noise, not different training examples). ``scope="messages"``
 hashes the whole conversation; ``scope="prompt"`` only the system/user/tool turns, so two
-answers to the same prompt count as duplicates. The label is not hashed: the same text
+answers to the same prompt count as duplicates. In both scopes the tool definitions kept in
+``meta["tools"]`` (ShareGPT ``tools``) are hashed too, because the model is trained with
+them in its input: glaive_toolcall has 38 repeated conversations, of which 3 come with
+different tool lists, so 35 are exact duplicates (as its SOURCE.md counts); an empty tool
+list (``[]`` or ``""``) counts as none. The label is not hashed: the same text
 under two labels is a duplicate here (the label-noise stage deals with the conflict).
 
 ``summarize`` keeps, per batch, each distinct hash once with the id of its first row;
@@ -18,6 +22,7 @@ With 64-bit hashes the chance of any false match among 10^8 rows is ~3e-4.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +58,14 @@ def content_hashes(table: pa.Table, scope: str = "messages") -> np.ndarray:
     roles = flat.field("role").to_pylist()
     contents = pc.utf8_trim_whitespace(flat.field("content")).to_pylist()
     offsets = msgs.offsets.to_numpy()
+    metas = table.column("meta").to_pylist() if "meta" in table.column_names else [None] * table.num_rows
     out = np.empty(table.num_rows, dtype=np.uint64)
     wanted = PROMPT_ROLES if scope == "prompt" else None
     for i in range(table.num_rows):
         h = hashlib.blake2b(digest_size=8)
+        tools = _tools_key(metas[i])
+        if tools:
+            h.update(b"tools\x1f" + tools.encode("utf-8", "surrogatepass") + b"\x1e")
         for j in range(offsets[i], offsets[i + 1]):
             role = roles[j]
             if wanted is not None and role not in wanted:
@@ -160,6 +169,19 @@ class DedupStage(Stage):
                         "scope": self.scope, "action": self.action},
             "blocks": blocks,
         }
+
+
+def _tools_key(meta: str | None) -> str | None:
+    """Canonical JSON of meta["tools"] (parsed if it is a JSON string), None when empty."""
+    if not meta or '"tools"' not in meta:
+        return None
+    tools = json.loads(meta).get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except ValueError:
+            pass  # not JSON: hash the text as given
+    return json.dumps(tools, sort_keys=True, ensure_ascii=False) if tools else None
 
 
 def _texts(table: pa.Table) -> list[str]:

@@ -12,8 +12,8 @@ is the *exact* count of its rows per reference bin (plus min/max for the report)
 merges by addition: no approximate histogram is needed and memory is bounded by
 columns x bins. See `dataguard.stats.psi` for the binning and epsilon conventions.
 
-Text drift: a deterministic bottom-k sample (smallest hash of seed + id) of training and
-reference texts is embedded with MiniLM and a logistic regression tries to tell them
+Text drift: a deterministic bottom-k sample (smallest key from a hash of seed + id, see
+`_text_sample`) of training and reference texts is embedded with MiniLM and a logistic regression tries to tell them
 apart; the 5-fold out-of-fold ROC AUC is the score (0.5 = indistinguishable).
 
 Correction (``correct``), only when the targeted column's PSI verdict is "major". One
@@ -29,9 +29,11 @@ rarely are - character and word counts move together - so multiplying over-corre
 
 ``weight_column`` (e.g. ``sample_weight`` from the long-tail stage) makes the training side
 a weighted distribution - what a weighted training run actually sees - for PSI and for
-the correction ratios; the text sample is not weighted.
+the correction ratios, and the text sample is drawn with those weights.
 
-PSI after correction is measured on what ``apply`` actually emitted (weighted counts, or
+Correction is skipped (with a note) when fewer than half of the training rows fall in bins
+or categories that the reference has: no reweighting can turn disjoint data into the
+reference. PSI after correction is measured on what ``apply`` actually emitted (weighted counts, or
 the counts of the resampled rows) for every column. The text AUC is not re-measured.
 """
 
@@ -45,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dataguard.records import empty_rejected, message_texts, reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
@@ -68,6 +71,8 @@ CORRECTIONS = (None, "importance_weights", "resample")
 TEXT_ROLES = {"prompt": ("system", "user", "tool"), "response": ("assistant",),
               "full": ("system", "user", "assistant", "tool")}
 MAX_BAR_CATEGORIES = 30
+# Below this share of training rows inside the reference's support, correction is skipped.
+MIN_SUPPORT = 0.5
 
 
 # ----------------------------------------------------------------------------- reference
@@ -102,30 +107,46 @@ def load_reference(reference: Any) -> pa.Table:
     return pa.concat_tables(tables) if tables else normalizer.schema.empty_table()
 
 
-def _bottom_k(items: Sequence[tuple[int, str]], k: int) -> list[tuple[int, str]]:
+def _bottom_k(items: Sequence[tuple[float, str]], k: int) -> list[tuple[float, str]]:
     return heapq.nsmallest(k, items)
 
 
-def _text_sample(table: pa.Table, roles: tuple[str, ...], seed: int, k: int) -> list[tuple[int, str]]:
-    """Bottom-k (hash(seed, id), text) pairs: a uniform sample that merges across batches."""
+def _text_sample(table: pa.Table, roles: tuple[str, ...], seed: int, k: int,
+                 weights: np.ndarray | None = None) -> list[tuple[float, str]]:
+    """Bottom-k sample of (key, text) that merges across batches (keep the k smallest keys).
+
+    key = -ln(u) / w with u a uniform from hash(seed, id): exponential races, i.e.
+    weighted sampling without replacement (Efraimidis-Spirakis); with w = 1 it is a uniform
+    sample. Rows with weight <= 0 are never sampled.
+    """
     if table.num_rows == 0:
         return []
-    h = hash64(table.column("id").to_pylist(), seed, "drift-text").tolist()
+    u = (hash64(table.column("id").to_pylist(), seed, "drift-text").astype(np.float64) + 1.0) / 2.0**64
+    w = np.ones(table.num_rows) if weights is None else np.asarray(weights, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        keys = np.where(w > 0, -np.log(u) / np.where(w > 0, w, 1.0), np.inf)
     texts = message_texts(table, roles)
-    return _bottom_k([(hh, t) for hh, t in zip(h, texts, strict=True) if t], k)
+    return _bottom_k([(kk, t) for kk, t in zip(keys.tolist(), texts, strict=True) if t and kk < np.inf], k)
 
 
-def _categories(table: pa.Table, column: str) -> list[Any]:
-    return table.column(column).cast(pa.string()).to_pylist()
+def _categories(table: pa.Table, column: str) -> pa.Array:
+    """The column as one string array (categories are compared as strings)."""
+    return table.column(column).cast(pa.string()).combine_chunks()
 
 
-def _weighted_counter(values: list[Any], weights: np.ndarray | None) -> Counter:
+def _round(x: float | None, digits: int = 6) -> float | None:
+    """JSON-safe number: NaN (an empty side) becomes None."""
+    return None if x is None or x != x else round(float(x), digits)
+
+
+def _weighted_counter(values: pa.Array, weights: np.ndarray | None) -> Counter:
+    """Category -> count (or summed weight), vectorised with Arrow."""
+    if len(values) == 0:
+        return Counter()
     if weights is None:
-        return Counter(values)
-    cnt: Counter = Counter()
-    for v, w in zip(values, weights.tolist(), strict=True):
-        cnt[v] += w
-    return cnt
+        return Counter({d["values"]: d["counts"] for d in pc.value_counts(values).to_pylist()})
+    grouped = pa.table({"v": values, "w": pa.array(weights, pa.float64())}).group_by("v").aggregate([("w", "sum")])
+    return Counter(dict(zip(grouped.column("v").to_pylist(), grouped.column("w_sum").to_pylist(), strict=True)))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -232,7 +253,7 @@ class DriftStage(Stage):
             self.ref_counts[c] = bin_counts(v, self.ref_edges[c])
             finite = v[~np.isnan(v)]
             self.ref_range[c] = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
-        self.ref_cats: dict[str, Counter] = {c: Counter(_categories(ref, c)) for c in self.categorical}
+        self.ref_cats: dict[str, Counter] = {c: _weighted_counter(_categories(ref, c), None) for c in self.categorical}
         self.ref_texts = (_text_sample(ref, TEXT_ROLES[self.text], self.seed, self.text_sample)
                           if self.text else [])
 
@@ -266,7 +287,7 @@ class DriftStage(Stage):
             finite = v[~np.isnan(v)]
             ranges[c] = (float(finite.min()), float(finite.max())) if finite.size else None
         cats = {c: _weighted_counter(_categories(batch, c), rw) for c in self.categorical}
-        texts = _text_sample(batch, TEXT_ROLES[self.text], self.seed, self.text_sample) if self.text else []
+        texts = _text_sample(batch, TEXT_ROLES[self.text], self.seed, self.text_sample, rw) if self.text else []
         return {"rows": batch.num_rows, "numeric": numeric, "ranges": ranges, "categorical": cats, "texts": texts}
 
     def fit(self, summaries: Sequence[dict[str, Any]]) -> None:
@@ -274,7 +295,7 @@ class DriftStage(Stage):
         numeric = {c: np.zeros_like(self.ref_counts[c]) for c in self.columns}
         ranges: dict[str, tuple[float, float] | None] = {c: None for c in self.columns}
         cats: dict[str, Counter] = {c: Counter() for c in self.categorical}
-        texts: list[tuple[int, str]] = []
+        texts: list[tuple[float, str]] = []
         for s in summaries:
             rows += s["rows"]
             for c in self.columns:
@@ -306,6 +327,14 @@ class DriftStage(Stage):
         self.corrected = (self.target if self.target in major else None) if self.target else \
             (major[0] if major else None)
         c = self.corrected
+        self.correction_note: str | None = None
+        if self.correct and c is not None:
+            support = self._support(c)
+            if support < MIN_SUPPORT:
+                self.correction_note = (f"correction of {c!r} skipped: only {support:.1%} of the training rows fall "
+                                        f"in bins/categories the reference has (< {MIN_SUPPORT:.0%}); reweighting "
+                                        f"cannot create what the training data lacks")
+                c = None
         if self.correct and c in self.columns:
             self.ratios[c] = shares(self.ref_counts[c], self.epsilon) / shares(numeric[c], self.epsilon)
         elif self.correct and c in self.categorical:
@@ -323,12 +352,25 @@ class DriftStage(Stage):
                                                       embed_texts([t for _, t in self.ref_texts]), self.seed)
         self._fitted = True
 
+    def _support(self, c: str) -> float:
+        """Share of training rows in bins/categories that also hold reference rows."""
+        if c in self.columns:
+            train, ref = self.train_counts[c], self.ref_counts[c]
+            total = train.sum()
+            return float(train[ref > 0].sum() / total) if total else 0.0
+        total = sum(self.train_cats[c].values())
+        inside = sum(v for k, v in self.train_cats[c].items() if self.ref_cats[c].get(k, 0) > 0)
+        return float(inside / total) if total else 0.0
+
     def _weights(self, batch: pa.Table) -> np.ndarray:
         w = np.ones(batch.num_rows, dtype=np.float64)
         for c, ratio in self.ratios.items():
             w *= ratio[bin_index(numeric_feature(batch, c), self.ref_edges[c])]
         for c, mapping in self.cat_ratios.items():
-            w *= np.array([mapping.get(v, 1.0) for v in _categories(batch, c)], dtype=np.float64)
+            keys = list(mapping)
+            ratio = np.array([mapping[k] for k in keys] + [1.0], dtype=np.float64)
+            pos = pc.index_in(_categories(batch, c), value_set=pa.array(keys, pa.string()), skip_nulls=False)
+            w *= ratio[np.asarray(pos.fill_null(len(keys)).to_numpy(zero_copy_only=False), dtype=np.int64)]
         return np.minimum(w, self.max_weight)
 
     def apply(self, batch: pa.Table) -> Outcome:
@@ -442,21 +484,22 @@ class DriftStage(Stage):
         rows = []
         for c, r in self.results.items():
             a = after.get(c)
-            rows.append([c, r["kind"], round(r["psi"], 6), r["verdict"],
-                         None if a is None or not self.correct else round(a, 6),
+            rows.append([c, r["kind"], _round(r["psi"]), r["verdict"],
+                         None if a is None or not self.correct else _round(a),
                          None if a is None or not self.correct else verdict(a, self.thresholds),
                          c in self.ratios or c in self.cat_ratios])
         major = [c for c, r in self.results.items() if r["verdict"] == "major"]
         summary: dict[str, Any] = {
             "training_rows": self.rows, "reference_rows": self.reference_rows,
             "weight_column": self.weight_column,
-            "max_psi": round(max((r["psi"] for r in self.results.values()), default=0.0), 6),
+            "max_psi": _round(max((r["psi"] for r in self.results.values() if r["psi"] == r["psi"]),
+                                  default=float("nan"))),
             "columns_major": len(major),
             "columns_moderate": sum(r["verdict"] == "moderate" for r in self.results.values()),
             "text_auc": None if self.text_auc is None else round(self.text_auc, 4),
             "text_verdict": self.text_verdict() if self.text else None,
             "correction": self.correct,
-            "corrected_column": self.corrected if self.correct else None,
+            "corrected_column": self.corrected if self.correct and not self.correction_note else None,
             "rows_resampled_out": self._rows_resampled_out,
             "rows_duplicated": self._rows_duplicated,
         }
@@ -465,6 +508,8 @@ class DriftStage(Stage):
             "columns": ["column", "kind", "psi", "verdict", "psi_after", "verdict_after", "corrected"],
             "rows": rows,
         }]
+        if self.correction_note:
+            blocks.append({"type": "text", "title": "Correction", "text": self.correction_note})
         blocks += [self._numeric_block(c, after) for c in self.columns]
         blocks += [self._categorical_block(c) for c in self.categorical]
         if self.text:
@@ -483,5 +528,6 @@ class DriftStage(Stage):
             f"empty shares replaced by epsilon = {self.epsilon}; verdicts: < {self.thresholds[0]} stable, "
             f"< {self.thresholds[1]} moderate, else major.")})
         return {"title": "Distribution shift (PSI)", "summary": summary, "blocks": blocks,
-                "psi": {c: {"psi": r["psi"], "verdict": r["verdict"], "psi_after": after.get(c)}
+                "psi": {c: {"psi": _round(r["psi"], 12), "verdict": r["verdict"],
+                            "psi_after": _round(after.get(c), 12)}
                         for c, r in self.results.items()}}

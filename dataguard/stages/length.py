@@ -139,10 +139,16 @@ class LengthStage(Stage):
         counts = tok.count_batch(contents) if contents else np.zeros(0, dtype=np.int64)
         csum = np.concatenate([[0], np.cumsum(counts)])
         totals = csum[offsets[1:]] - csum[offsets[:-1]]
-        overhead = np.fromiter(
-            (tok.template_overhead(tuple(roles[s:e])) for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)),
-            dtype=np.int64, count=len(offsets) - 1,
-        )
+        per_message = tok.message_overheads(roles)
+        if per_message is not None:  # additive template (ChatML): vectorised
+            osum = np.concatenate([[0], np.cumsum(per_message)])
+            overhead = osum[offsets[1:]] - osum[offsets[:-1]]
+        else:  # whole-conversation template: measured once per distinct role sequence
+            overhead = np.fromiter(
+                (tok.template_overhead(tuple(roles[s:e]))
+                 for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)),
+                dtype=np.int64, count=len(offsets) - 1,
+            )
         return counts, totals + overhead
 
     def score(self, batch: pa.Table) -> pa.Table:

@@ -10,14 +10,18 @@ Counter per batch), then writes what a training run needs to cope with a long ta
   the last phase = all classes, with the tail classes - those entering last - up-weighted
   by ``tail_boost``);
 - `training_state()`: priors, logit offsets ``tau * log(pi)`` (Menon et al. 2021), class
-  order and the curriculum schedule, for the training runner (also in ``describe()``).
+  order and the curriculum schedule, for the training runner (the pipeline writes it to
+  the manifest's ``training`` section).
 
 Optional resampling to a target distribution ("balanced" or {class: share}) keeps the total
-row count: each row of class c is emitted ``r_c = N q_c / n_c`` times in expectation,
-decided row-locally from a hash of (seed, id) so that it is deterministic and independent
-of batching. Rows emitted 0 times are rejected with reason ``resampled_out``; extra copies
-get the ids ``<id>#rep1``, ``<id>#rep2``, ... right after their original. Counts after
-resampling are therefore close to, not exactly, the target. Priors, offsets and weights
+(effective) row count: each row of class c is used ``r_c = N q_c / n_c`` times in
+expectation, drawn row-locally from a hash of (seed, id) so that it is deterministic and
+independent of batching. Rows drawing 0 uses are rejected with reason ``resampled_out``;
+rows drawing k >= 1 are kept once with an int32 ``repeat = k`` column (see
+`dataguard.stats.repeat`: rows are never physically duplicated, so rows in = kept +
+rejected still holds). Counts after resampling are close to, not exactly, the target.
+An incoming ``repeat`` column (from an earlier stage) is honoured: rows count that many
+times and resampling multiplies it. Priors, offsets and weights
 describe the distribution the model will see, i.e. the expected one after resampling.
 Rows without a label keep weight 1 and phase 1 and do not enter the priors.
 """
@@ -34,12 +38,18 @@ import pyarrow.compute as pc
 
 from dataguard.records import empty_rejected, reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.stats.hashing import uniforms
 from dataguard.stats.logit_adjust import logit_offsets
+from dataguard.stats.repeat import (
+    REPEAT_COLUMN,
+    REPEAT_TYPE,
+    draw_repeat,
+    multiplicity,
+    weighted_value_counts,
+    with_column,
+)
 from dataguard.stats.reweighting import (
     WEIGHTINGS,
     class_weights,
-    copies,
     curriculum_phases,
     resample_factors,
     target_shares,
@@ -97,11 +107,14 @@ class LongTailStage(Stage):
         self._fitted = False
         self._after: Counter | None = None
         self._rows_resampled_out = 0
-        self._rows_duplicated = 0
+        self._rows_repeated = 0
 
     # -- contract ---------------------------------------------------------------------------
     def output_columns(self) -> dict[str, pa.DataType]:
-        return {"sample_weight": pa.float32(), "curriculum_phase": pa.int8()}
+        cols = {"sample_weight": pa.float32(), "curriculum_phase": pa.int8()}
+        if self.resample is not None:
+            cols[REPEAT_COLUMN] = REPEAT_TYPE
+        return cols
 
     def _labels(self, batch: pa.Table) -> pa.ChunkedArray:
         if self.label_column not in batch.column_names:
@@ -110,9 +123,8 @@ class LongTailStage(Stage):
         return batch.column(self.label_column).cast(pa.string())
 
     def summarize(self, batch: pa.Table) -> Counter:
-        """Class counts of the batch (``None`` = unlabelled); Counters merge by addition."""
-        vc = pc.value_counts(self._labels(batch).combine_chunks()) if batch.num_rows else []
-        return Counter({item["values"]: item["counts"] for item in (vc.to_pylist() if len(vc) else [])})
+        """Class counts of the batch (``None`` = unlabelled, rows count ``repeat`` times)."""
+        return weighted_value_counts(self._labels(batch).combine_chunks(), multiplicity(batch))
 
     def fit(self, summaries: Sequence[Counter]) -> None:
         total: Counter = Counter()
@@ -155,37 +167,29 @@ class LongTailStage(Stage):
             known = np.zeros(n, dtype=bool)
         weight = np.where(known, self.weights[idx] if len(self.classes) else 1.0, 1.0)
         phase = np.where(known, self.class_phase[idx] if len(self.classes) else 1, 1)
-        scored = batch.append_column("sample_weight", pa.array(weight.astype(np.float32), pa.float32()))
-        scored = scored.append_column("curriculum_phase", pa.array(phase.astype(np.int8), pa.int8()))
+        scored = with_column(batch, "sample_weight", pa.array(weight.astype(np.float32), pa.float32()))
+        scored = with_column(scored, "curriculum_phase", pa.array(phase.astype(np.int8), pa.int8()))
 
         rejected = empty_rejected()
-        if self.resample is None or n == 0:
+        if self.resample is None:
             kept = scored
         else:
-            ids = batch.column("id").to_pylist()
-            u = uniforms(ids, self.seed, "longtail")
             factor = np.where(known, self.factors[idx] if len(self.classes) else 1.0, 1.0)
-            k = copies(factor, u)
+            k = draw_repeat(batch, factor, self.seed, "longtail")
+            scored = with_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
             out_mask = k == 0
             if out_mask.any():
                 lab = np.array(labels.to_pylist(), dtype=object)[out_mask]
                 fac = factor[out_mask]
-                details = [f"class {c!r} resampled at {f:.4f} copies per row (target "
-                           f"{self.resample if isinstance(self.resample, str) else 'mapping'}); "
-                           f"this row drew 0 copies" for c, f in zip(lab, fac, strict=True)]
+                target = self.resample if isinstance(self.resample, str) else "mapping"
+                details = [f"class {c!r} resampled to target {target}: {f:.4f} expected uses per row, "
+                           f"this row drew 0" for c, f in zip(lab, fac, strict=True)]
                 rejected = reject_rows(scored, out_mask, self.name, REASON_RESAMPLED_OUT, details)
-            take = np.repeat(np.arange(n), k)
-            kept = scored.take(pa.array(take, pa.int64()))
-            # rep number within each group of copies: 0 for the original
-            starts = np.repeat(np.cumsum(k) - k, k)
-            rep = np.arange(take.size) - starts
-            if (rep > 0).any():
-                kept_ids = kept.column("id").to_pylist()
-                new_ids = [i if r == 0 else f"{i}#rep{r}" for i, r in zip(kept_ids, rep.tolist(), strict=True)]
-                kept = kept.set_column(kept.column_names.index("id"), "id", pa.array(new_ids, pa.string()))
-        after = Counter(self._labels(kept).to_pylist()) if kept.num_rows else Counter()
+            kept = scored.filter(pa.array(~out_mask))
+        reps = multiplicity(kept)
+        after = weighted_value_counts(self._labels(kept).combine_chunks(), reps)
         stats = {"after": after, "resampled_out": int(rejected.num_rows),
-                 "duplicated": int(kept.num_rows - (n - rejected.num_rows))}
+                 "repeated": int((reps > 1).sum()) if reps is not None else 0}
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
     def absorb(self, stats: Sequence[Any]) -> None:
@@ -196,10 +200,10 @@ class LongTailStage(Stage):
                 continue
             after.update(s["after"])
             out += s["resampled_out"]
-            dup += s["duplicated"]
+            dup += s["repeated"]
         self._after = after
         self._rows_resampled_out = out
-        self._rows_duplicated = dup
+        self._rows_repeated = dup
 
     # -- outputs for the training runner and the report ------------------------------------
     def training_state(self) -> dict[str, Any]:
@@ -268,7 +272,7 @@ class LongTailStage(Stage):
             "weighting": self.weighting,
             "resample": self.resample if self.resample is None or isinstance(self.resample, str) else "mapping",
             "rows_resampled_out": self._rows_resampled_out,
-            "rows_duplicated": self._rows_duplicated,
+            "rows_repeated": self._rows_repeated,
             "min_weight": float(self.weights.min()) if len(self.weights) else None,
             "max_weight": float(self.weights.max()) if len(self.weights) else None,
         }
@@ -291,5 +295,5 @@ class LongTailStage(Stage):
                       f"classes are weighted x{self.tail_boost}. Each row's curriculum_phase column is the "
                       f"phase its class enters.")},
         ]
-        return {"title": "Long-tail rebalancing", "summary": summary, "blocks": blocks,
-                "training_state": state}
+        # the full training_state() goes to the manifest's "training" section (see pipeline)
+        return {"title": "Long-tail rebalancing", "summary": summary, "blocks": blocks}

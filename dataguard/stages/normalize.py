@@ -28,6 +28,10 @@ Templates (auto-detected in this order, by their anchor fields):
   ``label``. When this format is forced, a 2-element list row ``[text, label]`` (CLINC150)
   is accepted too. Labelled text has no assistant turn and is not checked for one.
 
+Aliases (``SourceOptions.aliases``, source field -> canonical field, e.g. ``question ->
+instruction``, ``intent -> label``) rename top-level fields before detection; a renamed
+field wins over one already there, whose value is kept in meta as ``"<name>:shadowed"``.
+
 A record's ``label`` (string, integer or boolean, e.g. KTO's desirable flag) becomes the
 ``label`` column as a string (booleans as ``"true"``/``"false"``). Fields that have no
 column go into ``meta`` as deterministic JSON; null-valued fields carry nothing and are

@@ -50,12 +50,12 @@ from dataguard.references import DEFAULT_REFERENCES, ReferenceError, ReferenceSp
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.ngrams import (
     NgramIndex,
-    WordVocab,
     concat_ids,
     expand_postings,
     mix_ids,
     ngram_hashes,
     segment_hashes,
+    word_symbols,
 )
 from dataguard.text.normalize_text import (
     NormalizeConfig,
@@ -81,12 +81,10 @@ class _Encoder:
 
     def __init__(self, mode: str, norm: NormalizeConfig, tokenizer: str | None) -> None:
         self.mode, self.norm, self.tokenizer_spec = mode, norm, tokenizer
-        self.vocab = WordVocab()  # word mode: fitted with the references
         self._tok: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"mode": self.mode, "norm": self.norm, "tokenizer_spec": self.tokenizer_spec, "vocab": self.vocab,
-                "_tok": None}
+        return {"mode": self.mode, "norm": self.norm, "tokenizer_spec": self.tokenizer_spec, "_tok": None}
 
     def tokenizer(self) -> Any:
         if self._tok is None:
@@ -95,14 +93,10 @@ class _Encoder:
             self._tok = get_tokenizer(self.tokenizer_spec)
         return self._tok
 
-    def encode(self, texts: Sequence[str], grow: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(uint64 symbols of all documents, offsets with len(texts) + 1 entries).
-
-        ``grow`` (fit time only) adds unseen words to the word-mode vocabulary.
-        """
+    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(uint64 symbols of all documents, offsets with len(texts) + 1 entries)."""
         if self.mode == "word":
-            ids, starts = self.vocab.encode(normalize_joined(texts, self.norm), grow)
-            return mix_ids(ids), starts
+            return word_symbols(normalize_joined(texts, self.norm, collapse=False))
         ids, starts = concat_ids(self.tokenizer().encode_batch(normalize_batch(texts, self.norm)))
         return mix_ids(ids), starts
 
@@ -111,8 +105,7 @@ class _Encoder:
         norm, src = normalize_with_offsets(text, self.norm)
         if self.mode == "word":
             spans = [(m.start(), m.end()) for m in _WORD_RE.finditer(norm)]
-            ids, _ = self.vocab.encode(normalize_joined([norm], NormalizeConfig.from_param(False)), False)
-            symbols = mix_ids(ids)
+            symbols, _ = word_symbols(normalize_joined([norm], NormalizeConfig.from_param(False)))
         else:
             ids = self.tokenizer().encode_batch([norm])[0]
             spans = _token_char_spans(self.tokenizer(), ids, norm)
@@ -194,7 +187,7 @@ class OverlapStage(Stage):
         mode: str = "token",
         tokenizer: str | None = None,
         threshold: float = 0.5,
-        ref_threshold: float = 0.5,
+        ref_threshold: float = 0.3,
         action: str = "flag",
         normalize: bool | Mapping[str, bool] | None = None,
         roles: Sequence[str] = ROLES,
@@ -319,7 +312,7 @@ class OverlapStage(Stage):
         parts = [p for s in summaries for p in s["parts"]]
         docs = [c for p in parts for c in p]
         msg_row = np.repeat(np.arange(len(parts), dtype=np.int64), [len(p) for p in parts])
-        symbols, starts = self._encoder.encode(docs, grow=True)
+        symbols, starts = self._encoder.encode(docs)
         rows = _Rows(len(parts), docs, msg_row, np.zeros(len(docs), np.int64), symbols, starts)
         ng = ngram_hashes(symbols, starts, self.n)
         row_tokens = rows.row_tokens()
@@ -345,7 +338,7 @@ class OverlapStage(Stage):
         for set_idx, spec in enumerate(self.references):
             ref = spec.load()
             texts = [t for _, t in ref.items]
-            symbols, starts = self._encoder.encode(texts, grow=True)
+            symbols, starts = self._encoder.encode(texts)
             ng = ngram_hashes(symbols, starts, self.n)
             base = len(item_names)
             lens = np.diff(starts).astype(np.int32)
@@ -426,15 +419,22 @@ class OverlapStage(Stage):
         drop = np.zeros(n_rows, dtype=bool)
         details: list[str] = []
         masked = np.zeros(n_rows, dtype=bool)
+        original = table  # rejected rows keep the text as it came in, never a masked copy
         if self.action == "drop":
             drop = contaminated.copy()
         elif self.action == "mask":
             table, masked, emptied = self._mask(table, rows, spans, contaminated)
-            drop = emptied
-        table = table if self.action != "mask" else _set_column(table, "overlap_masked", pa.array(masked, pa.bool_()))
+            # a contaminated row whose spans could not be located is dropped, not kept as is
+            drop = emptied | (contaminated & ~masked)
+            masked_col = pa.array(masked, pa.bool_())
+            table = _set_column(table, "overlap_masked", masked_col)
+            original = _set_column(original, "overlap_masked", pa.array(np.zeros(n_rows, bool), pa.bool_()))
         for r in np.flatnonzero(drop):
-            details.append(self._detail(m, int(r), emptied=self.action == "mask"))
-        rejected = reject_rows(table, drop, self.name, REASON, details) if drop.any() else None
+            note = ""
+            if self.action == "mask":
+                note = "; nothing left after masking" if masked[r] else "; spans could not be located for masking"
+            details.append(self._detail(m, int(r)) + note)
+        rejected = reject_rows(original, drop, self.name, REASON, details) if drop.any() else None
         kept = table.filter(pa.array(~drop, pa.bool_())) if drop.any() else table
         stats = self._batch_stats(batch, rows, m, contaminated, is_val, ids, spans, example_rows,
                                   int(drop.sum()), int(masked.sum()))
@@ -579,13 +579,13 @@ class OverlapStage(Stage):
         idx = table.column_names.index("messages")
         return table.set_column(idx, "messages", col), masked, emptied
 
-    def _detail(self, m: dict[str, Any], r: int, emptied: bool) -> str:
+    def _detail(self, m: dict[str, Any], r: int) -> str:
         it = int(m["best_item"][r])
         where = f"{self._set_names[self._item_set[it]]} item {self._item_names[it]}" if it >= 0 else "references"
         text = (f"overlap with {where}: {m['coverage'][r]:.0%} of the item's tokens, {m['ratio'][r]:.0%} of the row "
                 f"(longest span {int(m['longest'][r])} tokens, {int(m['ngrams'][r])} matching {self.n}-grams); "
                 f"thresholds: item coverage >= {self.ref_threshold:g} or row share >= {self.threshold:g}")
-        return text + ("; nothing left after masking" if emptied else "")
+        return text
 
     # -- stats / describe -----------------------------------------------------------------
     def _batch_stats(self, batch: pa.Table, rows: _Rows, m: dict[str, Any], contaminated: np.ndarray,
@@ -596,7 +596,8 @@ class OverlapStage(Stage):
         g_set = self._item_set[g_item].astype(np.int64) if len(g_item) else np.zeros(0, np.int64)
         any_pairs = np.unique(g_row * n_sets + g_set)
         per_set_any = np.bincount(any_pairs % n_sets, minlength=n_sets) if len(any_pairs) else np.zeros(n_sets, int)
-        best_set = np.array([self._item_set[i] if i >= 0 else -1 for i in m["best_item"].tolist()], np.int64)
+        best = m["best_item"]
+        best_set = np.where(best >= 0, self._item_set[np.maximum(best, 0)] if len(self._item_set) else -1, -1)
         per_set_cont = np.bincount(best_set[contaminated], minlength=n_sets) if contaminated.any() else np.zeros(n_sets, int)
         matched = m["ngrams"] > 0
         stats: dict[str, Any] = {

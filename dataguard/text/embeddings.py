@@ -24,6 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 MODEL_METADATA_KEY = b"dataguard.embedding_model"
+# One loaded model per (path, device) per process: unpickled stage copies in a worker
+# (one per pipeline segment) share it instead of reloading the weights.
+_LOADED: dict[tuple[str, str], Any] = {}
 
 
 def default_model_path() -> str:
@@ -71,9 +74,11 @@ class Embedder:
 
             if self.threads is not None:
                 torch.set_num_threads(self.threads)
-            torch.manual_seed(0)
-            self._model = SentenceTransformer(self.model_path, device=self.device)
-            self._model.eval()
+            key = (self.model_path, self.device)
+            if key not in _LOADED:
+                torch.manual_seed(0)
+                _LOADED[key] = SentenceTransformer(self.model_path, device=self.device).eval()
+            self._model = _LOADED[key]
         return self._model
 
     @property

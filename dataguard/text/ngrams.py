@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
@@ -116,41 +115,32 @@ def ngram_hashes(symbols: np.ndarray, starts: np.ndarray, n: int) -> NgramHashes
     return NgramHashes(h, pos, doc)
 
 
-_SEP_WORD = b"\x00"
+_BYTE_POWERS = _Powers(0xC2B2AE3D27D4EB4F | 1)
+_IS_WORD = np.ones(256, dtype=bool)
+_IS_WORD[[0x00, 0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20]] = False  # NUL separates documents
 
 
-class WordVocab:
-    """Word -> id map for word mode, built from the reference texts at fit time.
+def word_symbols(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Word-level tokens of a normalised joined buffer (``normalize_joined``).
 
-    Words of scanned text that no reference contains map to id 0, which no reference
-    n-gram holds, so they can never take part in a match: exact, deterministic in every
-    process (the vocabulary travels with the fitted stage), and a dict lookup per word in
-    C (``map``) instead of hashing every byte.
+    Words are maximal runs of bytes that are neither ASCII whitespace nor the NUL document
+    separator; each becomes the uint64 polynomial hash of its bytes (no Python object per
+    word: measured 1.6x less CPU than ``bytes.split`` + a dict lookup per word).
+    Returns (word hashes, document offsets with n_docs + 1 entries).
     """
-
-    def __init__(self) -> None:
-        self.ids: dict[bytes, int] = {_SEP_WORD: -1}
-
-    def __len__(self) -> int:
-        return len(self.ids) - 1
-
-    def encode(self, buf: np.ndarray, grow: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Word ids of a normalised joined buffer (``normalize_joined``) and document offsets.
-
-        Words are runs of non-whitespace bytes; NUL separates documents.
-        """
-        words = buf.tobytes().replace(_SEP_WORD, b" \x00 ").split()
-        if grow:
-            table = self.ids
-            for w in dict.fromkeys(words):
-                if w not in table:
-                    table[w] = len(table)  # the separator holds -1, so ids start at 1
-        ids = np.fromiter(map(self.ids.get, words, repeat(0)), dtype=np.int64, count=len(words))
-        is_sep = ids == -1
-        sep_pos = np.flatnonzero(is_sep)
-        # document k spans the words between separator k and separator k+1
-        starts = np.append(sep_pos - np.arange(len(sep_pos)), len(words) - len(sep_pos)).astype(np.int64)
-        return ids[~is_sep], starts
+    n = len(buf)
+    if n == 0:
+        return np.zeros(0, dtype=U64), np.zeros(1, dtype=np.int64)
+    is_word = np.zeros(n + 2, dtype=bool)
+    is_word[1:-1] = _IS_WORD[buf]
+    edges = np.flatnonzero(is_word[1:] != is_word[:-1])  # alternating word starts and ends
+    w_start, w_end = edges[0::2], edges[1::2]
+    seps = np.flatnonzero(buf == 0)
+    doc_of_word = np.searchsorted(seps, w_start, side="right") - 1
+    counts = np.bincount(doc_of_word, minlength=len(seps)) if len(w_start) else np.zeros(len(seps), np.int64)
+    starts = np.zeros(len(seps) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    return segment_hashes(buf.astype(U64), w_start, w_end, _BYTE_POWERS, salt=0x57), starts
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,12 +181,11 @@ class NgramIndex:
 
     def _bits(self) -> tuple[np.ndarray, int]:
         if self._bitmap is None:
-            # ~16 bits per key keeps false candidates near 6 %, capped at 2**30 bits (128 MB)
-            bits = int(min(max(10, int(np.ceil(np.log2(max(len(self.keys), 1) * 16)))), 30))
-            bitmap = np.zeros(1 << (bits - 3), dtype=np.uint8)
-            if len(self.keys):
-                top = (self.keys >> U64(64 - bits)).astype(np.int64)
-                np.bitwise_or.at(bitmap, top >> 3, (1 << (top & 7)).astype(np.uint8))
+            # ~32 bits per key keeps false candidates near 3 %, capped at 2**28 bits (32 MB)
+            bits = int(min(max(10, int(np.ceil(np.log2(max(len(self.keys), 1) * 32)))), 28))
+            top = np.unique(self.keys >> U64(64 - bits)).astype(np.int64)  # distinct bits
+            weights = np.left_shift(1, top & 7).astype(np.float64)  # distinct bits of a byte add up
+            bitmap = np.bincount(top >> 3, weights=weights, minlength=1 << (bits - 3)).astype(np.uint8)
             self._bitmap, self.bitmap_bits = bitmap, bits
         return self._bitmap, self.bitmap_bits
 

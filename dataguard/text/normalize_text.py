@@ -135,7 +135,7 @@ def _fold_non_ascii_space(match: re.Match[str]) -> str:
 # ---------------------------------------------------------------------------------------
 # Hot path
 # ---------------------------------------------------------------------------------------
-def normalize_joined(texts: Sequence[str], cfg: NormalizeConfig) -> np.ndarray:
+def normalize_joined(texts: Sequence[str], cfg: NormalizeConfig, collapse: bool = True) -> np.ndarray:
     """UTF-8 bytes of all normalised texts, each preceded by one NUL separator byte.
 
     Word mode hashes straight from this buffer; :func:`normalize_batch` splits it. With
@@ -152,7 +152,7 @@ def normalize_joined(texts: Sequence[str], cfg: NormalizeConfig) -> np.ndarray:
         big = _SEP + _SEP.join(t.replace(_SEP, " ") for t in texts)
     buf = np.frombuffer(big.encode("utf-8"), dtype=np.uint8)
     buf = _lut_for(cfg)[buf]
-    if cfg.whitespace:
+    if cfg.whitespace and collapse:  # word mode splits on any whitespace run: no need
         buf = _collapse_spaces(buf)
     return buf
 

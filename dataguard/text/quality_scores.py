@@ -147,21 +147,9 @@ def group_within_texts(hashes: np.ndarray, text_of: np.ndarray, want_dups: bool 
         return Groups(empty, empty, empty, empty if want_dups else None)
     # Chunks end at text changes: about _CHUNK elements and < 2**_TEXT_BITS texts each, so
     # each sort runs in cache on one packed uint64 key per element.
-    changed = text_of[1:] != text_of[:-1]
-    change = (np.flatnonzero(changed) + 1).tolist()
-    dense = np.zeros(n, dtype=np.int64)  # text rank, so sparse text ids still fit _TEXT_BITS
-    np.cumsum(changed, out=dense[1:])
-    bounds = [0]
-    texts_in_chunk = 1
-    max_texts = (1 << _TEXT_BITS) - 1
-    for s in change:
-        if s - bounds[-1] >= _CHUNK or texts_in_chunk >= max_texts:
-            bounds.append(s)
-            texts_in_chunk = 1
-        else:
-            texts_in_chunk += 1
-    bounds.append(n)
-    parts = [_group_chunk(hashes, text_of, dense, a, b, want_dups) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    change = (np.flatnonzero(text_of[1:] != text_of[:-1]) + 1).tolist()
+    bounds = _chunk_bounds(change, n, text_of)
+    parts = [_group_chunk(hashes, text_of, a, b, want_dups) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return Groups(
         np.concatenate([p[0] for p in parts]),
         np.concatenate([p[1] for p in parts]),
@@ -170,13 +158,52 @@ def group_within_texts(hashes: np.ndarray, text_of: np.ndarray, want_dups: bool 
     )
 
 
+def group_counts(hashes: np.ndarray, text_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(text, size) of each group of equal hashes inside each text; no positions, so the
+    sort key is just [text rank | 53 hash bits] (``text_of`` non-decreasing)."""
+    n = len(hashes)
+    if n == 0:
+        e = np.zeros(0, dtype=np.int64)
+        return e, e
+    change = np.flatnonzero(text_of[1:] != text_of[:-1]) + 1
+    # Low bits: for an unmixed polynomial hash mod 2**64 they are the hash mod 2**53 and
+    # depend on every character (the high bits would lose the first ones).
+    low = hashes & _U64((1 << (64 - _TEXT_BITS)) - 1)
+    bounds = _chunk_bounds(change.tolist(), n, text_of)
+    texts, counts = [], []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        base = int(text_of[a])
+        # The text (relative to the chunk's first) sits in the top bits: groups never mix texts.
+        k = np.sort(((text_of[a:b] - base).view(_U64) << _TSHIFT) | low[a:b])
+        new = np.ones(b - a, dtype=bool)
+        np.not_equal(k[1:], k[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        counts.append(np.diff(starts, append=b - a))
+        texts.append((k[starts] >> _TSHIFT).view(np.int64) + base)
+    return np.concatenate(texts), np.concatenate(counts)
+
+
+def _chunk_bounds(change: list[int], n: int, text_of: np.ndarray) -> list[int]:
+    """Chunk boundaries at text changes: about _CHUNK elements, text ids spanning < 2**_TEXT_BITS."""
+    bounds = [0]
+    max_span = (1 << _TEXT_BITS) - 1
+    first_text = int(text_of[0])
+    texts = text_of[change].tolist() if change else []
+    for s, t in zip(change, texts, strict=True):
+        if s - bounds[-1] >= _CHUNK or t - first_text >= max_span:
+            bounds.append(s)
+            first_text = t
+    bounds.append(n)
+    return bounds
+
+
 _HSHIFT = _U64(64 - _HASH_BITS)
 _PSHIFT = _U64(_POS_BITS)
 _TSHIFT = _U64(64 - _TEXT_BITS)
 _PMASK = _U64((1 << _POS_BITS) - 1)
 
 
-def _group_chunk(hashes: np.ndarray, text_of: np.ndarray, dense: np.ndarray, a: int, b: int,
+def _group_chunk(hashes: np.ndarray, text_of: np.ndarray, a: int, b: int,
                  want_dups: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     m = b - a
     if m > (1 << _POS_BITS):
@@ -187,7 +214,7 @@ def _group_chunk(hashes: np.ndarray, text_of: np.ndarray, dense: np.ndarray, a: 
         new[1:] = hs[1:] != hs[:-1]
         pos = order
     else:
-        key = ((dense[a:b] - dense[a]).astype(_U64) << _TSHIFT) | ((hashes[a:b] >> _HSHIFT) << _PSHIFT) \
+        key = ((text_of[a:b] - text_of[a]).view(_U64) << _TSHIFT) | ((hashes[a:b] >> _HSHIFT) << _PSHIFT) \
             | np.arange(m, dtype=_U64)
         key.sort()
         pos = (key & _PMASK).astype(np.int64)
@@ -341,23 +368,33 @@ def _url_candidates(tb: TextBatch) -> list[int]:
 def char_rep_ratio(tb: TextBatch, rep_len: int = 10) -> np.ndarray:
     """data-juicer character_repetition_filter ratio (see module docstring)."""
     n_win = np.maximum(tb.lens - rep_len + 1, 0)
-    total = int(n_win.sum())
     out = np.zeros(tb.n, dtype=np.float32)
-    if total == 0:
+    m = len(tb.cp) - rep_len + 1
+    if int(n_win.sum()) == 0 or m <= 0:
         return out
-    text_of = np.repeat(np.arange(tb.n, dtype=np.int64), n_win)
-    starts = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n_win) - n_win, n_win) + tb.starts[text_of]
-    g = group_within_texts(_span_hash(tb.prefix, starts, starts + rep_len), text_of)
+    # Hash every window of the joined array with contiguous slices, then keep those inside one text.
+    prefix = tb.prefix
+    _, inv = _powers(m)
+    with np.errstate(over="ignore"):
+        h = (prefix[rep_len:] - prefix[:m]) * inv
+    inside = tb.text_of_char[:m] == tb.text_of_char[rep_len - 1:]
+    g_text, g_count = group_counts(h[inside], tb.text_of_char[:m][inside])
+    g = Groups(g_text, g_count, g_count)
     distinct = np.bincount(g.text, minlength=tb.n)
     rep = g.count > 1
     rep_text, rep_cnt = g.text[rep], g.count[rep]
     if len(rep_text) == 0:
         return out
     k = np.minimum(np.sqrt(distinct).astype(np.int64), np.bincount(rep_text, minlength=tb.n))
-    # Rank repeated groups by count (descending) inside each text; keep the top k.
-    order = np.lexsort((-rep_cnt, rep_text))
-    rt, rc = rep_text[order], rep_cnt[order]
-    rank = np.arange(len(rt)) - np.searchsorted(rt, rt, side="left")
+    # Rank repeated groups by count (descending) inside each text with one uint64 sort of
+    # [text | ~count]; keep the top k of each text.
+    mask32 = _U64(0xFFFFFFFF)
+    key = (rep_text.astype(_U64) << _U64(32)) | (mask32 - rep_cnt.astype(_U64))
+    key.sort()
+    rt = (key >> _U64(32)).astype(np.int64)
+    rc = (mask32 - (key & mask32)).astype(np.int64)
+    seg = np.flatnonzero(np.concatenate([[True], rt[1:] != rt[:-1]]))
+    rank = np.arange(len(rt)) - np.repeat(seg, np.diff(np.append(seg, len(rt))))
     keep = rank < k[rt]
     top = np.bincount(rt[keep], weights=rc[keep], minlength=tb.n)
     return _safe_div(top, n_win.astype(np.float64))
@@ -419,10 +456,10 @@ def word_rep_ratio(tb: TextBatch, rep_len: int = 10) -> np.ndarray:
     if len(h) == 0:
         return out
     t = wtext[idx]
-    g = group_within_texts(h, t)
+    g_text, g_count = group_counts(h, t)
     total = np.bincount(t, minlength=tb.n).astype(np.float64)
-    rep_groups = g.count > 1
-    rep = np.bincount(g.text[rep_groups], weights=g.count[rep_groups], minlength=tb.n)
+    rep_groups = g_count > 1
+    rep = np.bincount(g_text[rep_groups], weights=g_count[rep_groups], minlength=tb.n)
     return _safe_div(rep, total)
 
 

@@ -130,8 +130,10 @@ class Tokenizer(ABC):
             # Duplicate texts inside one batch are encoded once.
             todo = list(dict.fromkeys(texts[i] for i in missing))
             fresh = dict(zip(todo, self._encode_uncached(todo), strict=True))
-            for text, ids in fresh.items():
-                cache.put(text, ids)
+            if cache.max_tokens > 0:
+                for text, ids in fresh.items():
+                    # A copy: a cached view would keep its whole batch's flat array alive.
+                    cache.put(text, ids.copy())
             for i in missing:
                 out[i] = fresh[texts[i]]
         return out  # type: ignore[return-value]
@@ -151,6 +153,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def template_overhead(self, roles: Sequence[str]) -> int:
         """Tokens the chat template adds to a conversation with these roles, beyond contents."""
+
+    def message_overheads(self, roles: Sequence[str]) -> np.ndarray | None:
+        """Per-message template tokens when the template is additive per message (else None)."""
+        return None
 
     def count_records(self, messages: Sequence[Sequence[dict[str, Any]]]) -> tuple[list[np.ndarray], np.ndarray]:
         """Per-message content token counts and per-record totals (contents + template)."""
@@ -232,6 +238,14 @@ class QwenTokenizer(Tokenizer):
                 k = self._overheads[role] = 3 + len(enc.encode_ordinary(f"{role}\n"))
             total += k
         return total
+
+    def message_overheads(self, roles: Sequence[str]) -> np.ndarray:
+        # ChatML frames each message on its own, so a record's overhead is a sum over messages.
+        known = self._overheads
+        if any(r not in known for r in set(roles)):
+            for r in set(roles):
+                self.template_overhead((r,))
+        return np.fromiter((known[r] for r in roles), dtype=np.int64, count=len(roles))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"variant": self.variant, "name": self.name}

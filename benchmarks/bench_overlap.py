@@ -1,0 +1,288 @@
+"""Contamination scan: dataguard's OverlapStage vs lm-eval's Janitor vs datatrove, one run.
+
+Setup (benchmark-only venv, outside the repo; see the script)::
+
+    benchmarks/setup_benchenv_overlap.sh            # -> /work/benchenv-overlap
+    /work/benchenv-overlap/bin/python benchmarks/bench_overlap.py [--quick]
+
+Data (all real, from ../shared/data): reference items of the five shipped sets (GSM8K test
+question/answer, MMLU test question+choices, HumanEval prompt/solution, TruthfulQA
+question(+best answer), MT-Bench turns/references) planted into alpaca_en_demo rows by
+``dataguard.references.plant`` (kinds: verbatim, edited = case/punctuation/whitespace
+edits, embedded in a longer answer, partial = a 60 % window, near_miss = chunks of <= 10
+tokens, short rows, clean rows). Every method indexes the same items and scans the same
+rows (document-level methods scan the whole conversation as one text).
+
+* ours/token: OverlapStage(mode="token") - Qwen BPE ids of normalised text, n = 13.
+* ours/word:  OverlapStage(mode="word") - normalised words, n = 13.
+* janitor:    lm_eval.decontamination.janitor.Janitor(ngram_n=13), Python path
+  (``register_contaminant_python`` / ``clean_python``; its C++ path is not built and is
+  broken upstream). A row is dirty when ``clean_python(text) != [text]``.
+* datatrove:  NGramsDecontFilter(n_grams=13) over hashes written exactly as
+  NGramsDecontIndexer.compute_hashes does (the indexer itself insists on lighteval, which
+  only serves to download tasks). spaCy English word tokenizer, xxhash64.
+
+Throughput: the clean training corpus (alpaca_en_demo + gpteacher toolformer +
+glaive toolcall + dpo demo, all turns) scanned against all five sets, best of 3 runs,
+one process, CPU seconds of the process (``time.process_time``: the machine is shared, and
+wall time swung 2x between identical runs while CPU time stayed within ~5 %). "tokenize only" is ``get_tokenizer().encode_batch`` on the raw
+message texts with an empty cache; "token scan, ids reused" runs the token scan with
+normalisation off right after that tokenisation, so encode_batch is served from the
+per-process token cache (what happens when the scan follows a tokenising stage).
+
+Measured (2 shared cores, load average ~10 while measuring, so absolute numbers are
+pessimistic; ratios within the run are what matters)::
+
+    RESULTS_PLACEHOLDER
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED = ROOT.parent / "shared" / "data"
+
+import numpy as np  # noqa: E402
+
+from dataguard.records import canonical_table  # noqa: E402
+from dataguard.references import BUILTIN, parse_spec  # noqa: E402
+from dataguard.references.plant import KINDS, plant, row_text  # noqa: E402
+from dataguard.stages.overlap import OverlapStage  # noqa: E402
+from dataguard.text import tokenizers as tk  # noqa: E402
+from dataguard.text.normalize_text import NormalizeConfig, normalize_batch  # noqa: E402
+
+SETS = list(BUILTIN)
+
+
+def reference_items(sets: list[str]) -> list[tuple[str, str, str]]:
+    out = []
+    for name in sets:
+        out += [(name, i, t) for i, t in parse_spec(name).load().items]
+    return out
+
+
+def load_alpaca(path: Path) -> list[dict[str, str]]:
+    return json.loads(path.read_text())
+
+
+def clean_corpus() -> list[dict]:
+    """Real training rows, as canonical row dicts (all turns)."""
+    rows: list[dict] = []
+    for name, path in [("alpaca", SHARED / "alpaca_en_demo" / "alpaca_en_demo.json"),
+                       ("gpteacher", SHARED / "gpteacher_toolformer" / "toolformer-dedupe-only-dataset.json")]:
+        for i, a in enumerate(load_alpaca(path)):
+            rows.append({"id": f"{name}:{i}", "source": name, "messages": [
+                {"role": "user", "content": (a["instruction"] + "\n" + a.get("input", "")).strip()},
+                {"role": "assistant", "content": a["output"]}]})
+    role = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool",
+            "system": "system"}
+    for name, path in [("glaive", SHARED / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json"),
+                       ("dpo", SHARED / "sharegpt_dpo_demo" / "dpo_en_demo.json")]:
+        for i, r in enumerate(json.loads(path.read_text())):
+            msgs = [{"role": role.get(t["from"], "user"), "content": t["value"]} for t in r["conversations"]]
+            if "chosen" in r:
+                msgs.append({"role": "assistant", "content": r["chosen"]["value"]})
+            rows.append({"id": f"{name}:{i}", "source": name, "messages": msgs})
+    return rows
+
+
+def count_tokens(text: str) -> int:
+    return len(tk.get_tokenizer().encode_batch([" " + text])[0])
+
+
+# -- methods ----------------------------------------------------------------------------
+class Ours:
+    def __init__(self, mode: str, sets: list[str], normalize: bool = True) -> None:
+        self.stage = OverlapStage(references=sets, mode=mode, normalize=normalize)
+        t = time.process_time()
+        self.stage.fit([])
+        self.fit_s = time.process_time() - t
+        self.name = f"ours/{mode}"
+
+    def flags(self, rows: list[dict]) -> np.ndarray:
+        out = self.stage.apply(canonical_table(rows))
+        return np.array(out.kept.column("contaminated").to_pylist(), dtype=bool)
+
+    def scan(self, table) -> None:
+        self.stage.apply(table)
+
+
+class Janitor:
+    name = "janitor"
+
+    def __init__(self, items: list[tuple[str, str, str]]) -> None:
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            from lm_eval.decontamination.janitor import Janitor as LmJanitor
+        self.j = LmJanitor(ngram_n=13)
+        t = time.process_time()
+        for _, _, text in items:
+            self.j.register_contaminant_python(text)
+        self.fit_s = time.process_time() - t
+
+    def flags(self, rows: list[dict]) -> np.ndarray:
+        return np.array([self.j.clean_python(t) != [t] for t in map(row_text, rows)], dtype=bool)
+
+    def scan(self, texts: list[str]) -> None:
+        for t in texts:
+            self.j.clean_python(t)
+
+
+class Datatrove:
+    name = "datatrove"
+
+    def __init__(self, items: list[tuple[str, str, str]]) -> None:
+        from datatrove.pipeline.decont.n_grams import NGramsDecontConfig, NGramsDecontFilter, NGramsDecontIndexer
+
+        self.tmp = tempfile.mkdtemp(prefix="dt-index-")
+        cfg = NGramsDecontConfig(n_grams=13, find_query_ngrams=True, find_overlap_ngrams=False)
+        self.f = NGramsDecontFilter(self.tmp, config=cfg)
+        t = time.process_time()
+        by_set: dict[str, set[int]] = {}
+        for s, _, text in items:
+            # NGramsDecontIndexer.compute_hashes, run on the filter (same tokenizer/hash/config)
+            by_set.setdefault(s, set()).update(NGramsDecontIndexer.compute_hashes(self.f, text, None))
+        for s, hashes in by_set.items():
+            np.array(sorted(hashes), dtype=cfg.hash_config.np_descr).tofile(os.path.join(self.tmp, f"{s}.index.hashes"))
+        self.f.load_index_hashes()
+        self.fit_s = time.process_time() - t
+
+    def flags(self, rows: list[dict]) -> np.ndarray:
+        from datatrove.data import Document
+
+        return np.array([self.f.filter(Document(text=row_text(r), id=r["id"])) is not True for r in rows], dtype=bool)
+
+    def scan(self, texts: list[str]) -> None:
+        from datatrove.data import Document
+
+        for i, t in enumerate(texts):
+            self.f.filter(Document(text=t, id=str(i)))
+
+
+def best_of(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return min(times)
+
+
+# -- experiments --------------------------------------------------------------------------
+def recall_table(methods, planted: list[dict]) -> list[list]:
+    kinds = np.array([json.loads(r["meta"])["kind"] for r in planted])
+    table = []
+    for m in methods:
+        f = m.flags(planted)
+        table.append([m.name] + [round(float(f[kinds == k].mean()), 3) for k in KINDS])
+    return table
+
+
+def throughput(methods, rows: list[dict], repeat: int) -> tuple[list[list], dict]:
+    table_rows = canonical_table(rows)
+    texts = [row_text(r) for r in rows]
+    contents = [m["content"] for r in rows for m in r["messages"]]
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    tok = tk.get_tokenizer()
+    tk.clear_token_cache(0)
+    raw_tokens = sum(len(x) for x in tok.encode_batch(contents))
+    norm_tokens = sum(len(x) for x in tok.encode_batch(normalize_batch(contents, NormalizeConfig())))
+    t_tok = best_of(lambda: tok.encode_batch(contents), repeat)
+    out = [["tokenize only (raw texts)", round(t_tok, 3), round(len(rows) / t_tok), round(mb / t_tok, 2),
+            round(raw_tokens / t_tok)]]
+    extra = {"rows": len(rows), "mb": round(mb, 2), "raw_tokens": raw_tokens, "normalised_tokens": norm_tokens}
+    for m in methods:
+        if isinstance(m, Ours):
+            t = best_of(lambda m=m: m.scan(table_rows), repeat)
+        else:
+            t = best_of(lambda m=m: m.scan(texts), max(1, repeat - 1))
+        out.append([m.name, round(t, 3), round(len(rows) / t), round(mb / t, 2), round(raw_tokens / t)])
+        extra[f"{m.name}_s"] = t
+    extra["tokenize_s"] = t_tok
+    # the scan right after a tokenising stage: normalisation off, ids from the token cache
+    reuse = Ours("token", SETS, normalize=False)
+    tk.clear_token_cache(50_000_000)
+    times = []
+    for _ in range(repeat):
+        tk.clear_token_cache()
+        tok.encode_batch(contents)  # the earlier stage
+        t = time.process_time()
+        reuse.scan(table_rows)
+        times.append(time.process_time() - t)
+    t_reuse = min(times)
+    out.append(["ours/token, ids reused (scan only)", round(t_reuse, 3), round(len(rows) / t_reuse),
+                round(mb / t_reuse, 2), round(raw_tokens / t_reuse)])
+    extra["reuse_scan_s"] = t_reuse
+    tk.clear_token_cache(0)
+    return out, extra
+
+
+def scaling_table(rows: list[dict], repeat: int) -> list[list]:
+    out = []
+    for sets in (["gsm8k_test"], ["gsm8k_test", "humaneval", "truthfulqa", "mt_bench"], SETS):
+        for mult in (1, 2, 4):
+            big = [dict(r, id=f"{r['id']}#{k}") for k in range(mult) for r in rows]
+            table = canonical_table(big)
+            for mode in ("word", "token"):
+                m = Ours(mode, sets)
+                idx = m.stage._index
+                t = best_of(lambda m=m, table=table: m.scan(table), repeat)
+                out.append(["+".join(s.split("_")[0] for s in sets), len(big), mode, len(idx),
+                            round(idx.nbytes / 2**20, 1), round(m.fit_s, 2), round(t, 3), round(len(big) / t)])
+    return out
+
+
+def fmt(header: list[str], rows: list[list]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    line = lambda r: "  ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=True))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer rows and repeats (smoke run)")
+    ap.add_argument("--per-kind", type=int, default=100)
+    args = ap.parse_args()
+    repeat = 1 if args.quick else 3
+    tk.clear_token_cache(0)  # cold tokenizer for every measurement unless stated
+
+    items = reference_items(SETS)
+    alpaca = load_alpaca(SHARED / "alpaca_en_demo" / "alpaca_en_demo.json")
+    planted = plant(alpaca, items, per_kind=20 if args.quick else args.per_kind, seed=13, count_tokens=count_tokens)
+    methods = [Ours("token", SETS), Ours("word", SETS), Janitor(items), Datatrove(items)]
+    print("index build (s):", {m.name: round(m.fit_s, 2) for m in methods})
+
+    rec = recall_table(methods, planted)
+    print("\nShare of planted rows flagged (positives: want 1.0; near_miss/short/clean: want 0.0)")
+    print(fmt(["method", *KINDS], rec))
+
+    rows = clean_corpus()
+    if args.quick:
+        rows = rows[:2000]
+    thr, extra = throughput(methods, rows, repeat)
+    print(f"\nThroughput on {extra['rows']} clean rows, {extra['mb']} MB, {extra['raw_tokens']} Qwen tokens "
+          f"({extra['normalised_tokens']} after normalisation); best of {repeat}")
+    print(fmt(["method", "seconds", "rows/s", "MB/s", "tokens/s"], thr))
+    print(f"ours/word vs janitor: {extra['janitor_s'] / extra['ours/word_s']:.1f}x faster; "
+          f"ours/token / tokenize-only: {extra['ours/token_s'] / extra['tokenize_s']:.2f}x; "
+          f"token scan with reused ids / tokenize-only: {extra['reuse_scan_s'] / extra['tokenize_s']:.2f}x")
+
+    scal = scaling_table(rows[:3000] if args.quick else rows, max(1, repeat - 1))
+    print("\nGrowth with reference and training size (scan = apply on one batch, best of runs)")
+    print(fmt(["references", "rows", "mode", "index n-grams", "index MB", "fit s", "scan s", "rows/s"], scal))
+
+
+if __name__ == "__main__":
+    main()

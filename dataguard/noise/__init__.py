@@ -1,0 +1,1 @@
+"""Label-noise estimation: cross-validated probabilities and confident learning (cleanlab)."""

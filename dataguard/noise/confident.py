@@ -1,0 +1,81 @@
+"""Confident learning on out-of-sample probabilities, delegated to cleanlab.
+
+cleanlab (Apache-2.0) is the reference implementation of Northcutt et al. (2021): per-class
+thresholds (the mean self-confidence of each given class), the confident joint, the latent
+noise matrices and the pruning rules behind ``find_label_issues``. We call it rather than
+re-implement it, so our issue masks are cleanlab's by construction; what this module adds
+is the simple fixed-threshold rule and one result object the stage can keep.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+METHODS = ("cleanlab", "threshold")
+FILTERS = ("prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given")
+RANKINGS = ("self_confidence", "normalized_margin", "confidence_weighted_entropy")
+
+
+@dataclass
+class NoiseEstimate:
+    """Per-row verdicts and the dataset-level noise statistics behind them."""
+
+    is_issue: np.ndarray            # bool (n,)
+    quality: np.ndarray             # float32 (n,), lower = more likely mislabelled
+    suggested: np.ndarray           # int64 (n,), argmax of the probabilities
+    suggested_prob: np.ndarray      # float64 (n,), probability of the suggested class
+    thresholds: np.ndarray          # float64 (k,), per-class confident thresholds
+    confident_joint: np.ndarray     # int64 (k, k), rows = given, cols = true (estimated)
+    noise_matrix: np.ndarray        # float64 (k, k), P(given = i | true = j); columns sum to 1
+
+
+def find_issues(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanlab",
+                filter_by: str = "prune_by_noise_rate", threshold: float = 0.8) -> np.ndarray:
+    """Boolean issue mask.
+
+    ``cleanlab``: ``cleanlab.filter.find_label_issues(labels, probs, filter_by=...)``.
+    ``threshold``: the fixed rule - keep a row only when its given label is the model's top
+    class with probability >= ``threshold``, i.e. flag ``p[given] < threshold``.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size == 0:
+        return np.zeros(0, dtype=bool)
+    if method == "threshold":
+        return probs[np.arange(labels.size), labels] < threshold
+    if method != "cleanlab":
+        raise ValueError(f"unknown method {method!r}")
+    from cleanlab.filter import find_label_issues
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cleanlab warns about tiny / unused classes
+        return np.asarray(find_label_issues(labels, probs, filter_by=filter_by, n_jobs=1), dtype=bool)
+
+
+def estimate(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanlab",
+             filter_by: str = "prune_by_noise_rate", threshold: float = 0.8,
+             rank_by: str = "self_confidence") -> NoiseEstimate:
+    """Issues, quality scores and the confident joint / noise matrix for one labelled set."""
+    from cleanlab.count import estimate_py_and_noise_matrices_from_probabilities, get_confident_thresholds
+    from cleanlab.rank import get_label_quality_scores
+
+    labels = np.asarray(labels, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float64)
+    n, k = probs.shape
+    if n == 0:
+        zeros = np.zeros((k, k))
+        return NoiseEstimate(np.zeros(0, bool), np.zeros(0, np.float32), np.zeros(0, np.int64),
+                             np.zeros(0), np.zeros(k), zeros.astype(np.int64), zeros)
+    is_issue = find_issues(labels, probs, method=method, filter_by=filter_by, threshold=threshold)
+    quality = np.asarray(get_label_quality_scores(labels, probs, method=rank_by), dtype=np.float32)
+    suggested = probs.argmax(axis=1).astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        thresholds = np.asarray(get_confident_thresholds(labels, probs), dtype=np.float64)
+        _, noise_matrix, _, joint = estimate_py_and_noise_matrices_from_probabilities(labels, probs)
+    return NoiseEstimate(is_issue=is_issue, quality=quality, suggested=suggested,
+                         suggested_prob=probs[np.arange(n), suggested], thresholds=thresholds,
+                         confident_joint=np.asarray(joint, dtype=np.int64),
+                         noise_matrix=np.asarray(noise_matrix, dtype=np.float64))
