@@ -144,7 +144,11 @@ class Datatrove:
     name = "datatrove"
 
     def __init__(self, items: list[tuple[str, str, str]]) -> None:
-        from datatrove.pipeline.decont.n_grams import NGramsDecontConfig, NGramsDecontFilter, NGramsDecontIndexer
+        from datatrove.pipeline.decont.n_grams import (
+            NGramsDecontConfig,
+            NGramsDecontFilter,
+            NGramsDecontIndexer,
+        )
 
         self.tmp = tempfile.mkdtemp(prefix="dt-index-")
         cfg = NGramsDecontConfig(n_grams=13, find_query_ngrams=True, find_overlap_ngrams=False)

@@ -255,11 +255,16 @@ class Pipeline:
         rows_kept = sum(f["rows"] for f in data_files)
         rows_rejected = sum(f["rows"] for f in rejected_files)
         per_source: dict[str, int] = {}
+        formats: dict[str, dict[str, int]] = {}
         for meta in first:
             per_source[meta["source"]] = per_source.get(meta["source"], 0) + meta["rows_in"]
+            source_formats = formats.setdefault(meta["source"], {})
+            for fmt, n in meta.get("formats", {}).items():
+                source_formats[fmt] = source_formats.get(fmt, 0) + n
         inputs = []
         for spec, info in zip(specs, input_info, strict=True):
-            inputs.append({**info, "rows": per_source.get(str(spec.name), 0)})
+            inputs.append({**info, "rows": per_source.get(str(spec.name), 0),
+                           "formats_detected": dict(sorted(formats.get(str(spec.name), {}).items()))})
 
         stages_out = [{"name": "normalize", "key": "00-normalize", **stage_rows["00-normalize"],
                        "description": _jsonable(self.normalizer.describe())}]

@@ -114,13 +114,18 @@ def test_balanced_resampling_loses_nothing_and_is_deterministic() -> None:
 
 def test_incoming_repeat_counts_and_multiplies() -> None:
     table = _table({"a": 10, "b": 10})
-    table = table.append_column("repeat", pa.array([3] * 10 + [1] * 10, pa.int32()))
     labels = table.column("label").to_pylist()
+    table = table.append_column("repeat", pa.array([3 if x == "a" else 1 for x in labels], pa.int32()))
     st = LongTailStage(resample="balanced")
-    assert st.summarize(table) == Counter({"a": sum(3 for x in labels if x == "a"),
-                                           "b": sum(1 for x in labels if x == "b")})
+    assert st.summarize(table) == Counter({"a": 30, "b": 10})
     kept, _ = _run(st, table)
     assert kept.column_names.count("repeat") == 1
+    # balanced on effective counts: a rows (3 uses each) keep ~2 uses, b rows get 2 uses
+    assert st.training_state()["counts"] == [30, 10]
+    np.testing.assert_allclose(st.factors, [20 / 30, 2.0])
+    b_reps = [r for x, r in zip(kept.column("label").to_pylist(), kept.column("repeat").to_pylist(), strict=True)
+              if x == "b"]
+    assert b_reps == [2] * 10
 
 
 def test_resample_to_explicit_target() -> None:

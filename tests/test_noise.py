@@ -224,28 +224,41 @@ def test_empty_batch_gets_same_columns(flagged):
         assert kept.schema.field(name).type == typ
 
 
-def test_default_stage_embeddings_and_tfidf_deterministic_and_picklable(banking):
-    """The defaults (both feature views, logistic regression) on a small slice, twice."""
-    table = banking["table"]
-    pick = np.flatnonzero(np.isin(banking["true"], [0, 1, 2]))[:240]
-    small = table.take(pa.array(pick))
-    flipped = banking["flipped"][pick]
+def test_default_stage_with_embeddings_describes_and_pickles(banking):
+    """The defaults (embedding + TF-IDF views, logistic regression) on a small slice."""
+    pick = np.concatenate([np.flatnonzero(banking["true"] == c)[:40] for c in range(3)])
+    small = banking["table"].take(pa.array(pick))
+    noisy = banking["noisy"][pick]
     stage = NoiseStage(threads=1)
-    kept, _ = _run(stage, small, batch=100)
-    again = pickle.loads(pickle.dumps(NoiseStage(threads=1)))
-    kept2, _ = _run(again, small, batch=80)
-    assert kept.equals(kept2)
-    issue = _mask(kept)
-    assert (issue & flipped).sum() >= 0.6 * flipped.sum()
-    blob = pickle.dumps(stage)  # fitted stage ships to workers without the model
+    kept, _ = _run(stage, small, batch=50)
+    # the out-of-sample model separates these intents: it agrees with most given labels
+    assert stage.describe()["summary"]["cv_accuracy_vs_given"] > 0.7
+    assert (np.asarray(kept.column("suggested_label").to_pylist()) == np.asarray(stage.classes_)[noisy]).mean() > 0.7
+    blob = pickle.dumps(stage)  # a fitted stage ships to workers without the model
     assert len(blob) < 2_000_000 and pickle.loads(blob).apply(small).kept.equals(stage.apply(small).kept)
     desc = stage.describe()
     kinds = [b["type"] for b in desc["blocks"]]
-    assert kinds[:3] == ["bar", "matrix", "table"] and "examples" in kinds
-    examples = next(b for b in desc["blocks"] if b["type"] == "examples")["items"]
-    assert 0 < len(examples) <= 20 and all(e["text"] and e["label"] for e in examples)
-    assert desc["summary"]["label_issues"] == int(issue.sum())
+    assert kinds[:3] == ["bar", "matrix", "table"]
+    assert desc["summary"]["label_issues"] == int(_mask(kept).sum())
     json.dumps(desc)
+
+
+def test_same_input_same_output_and_worst_examples(banking):
+    table = banking["table"]
+    runs = []
+    for _ in range(2):
+        stage = pickle.loads(pickle.dumps(NoiseStage(features="tfidf", classifier="logreg", C=5.0, folds=3)))
+        kept, _ = _run(stage, table, batch=400)
+        runs.append((kept, stage.describe()))
+    assert runs[0][0].equals(runs[1][0])
+    assert json.dumps(runs[0][1]) == json.dumps(runs[1][1])
+    examples = next(b for b in runs[0][1]["blocks"] if b["type"] == "examples")["items"]
+    assert len(examples) == 20 and all(e["text"] and e["label"] for e in examples)
+    quality = dict(zip(runs[0][0].column("id").to_pylist(), runs[0][0].column("label_quality").to_pylist(),
+                       strict=True))
+    worst = sorted(q for q, f in zip(runs[0][0].column("label_quality").to_pylist(),
+                                     _mask(runs[0][0]), strict=True) if f)[:20]
+    assert [quality[e["id"]] for e in examples] == worst
 
 
 @pytest.mark.parametrize("kwargs, param", [

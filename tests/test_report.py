@@ -270,3 +270,21 @@ def test_svg_helpers():
 def test_yamlish_config_is_unambiguous():
     text = yamlish({"stages": [{"length": {"percentile": 90}}], "s": "true", "t": "a: b", "n": None})
     assert text.splitlines() == ["stages:", "  - length:", "      percentile: 90", 's: "true"', 't: "a: b"', "n: null"]
+
+
+def test_many_reasons_get_fewer_samples_each(tmp_path):
+    rows = [_rej(i, f"reason_{i % 300}") for i in range(3000)]
+    _write_rejected(tmp_path / "rejected" / "p.arrow", rows)
+    manifest = {"counts": {"rows_in": 3000, "rows_kept": 0, "rows_rejected": 3000, "balanced": True},
+                "stages": [{"name": "length", "rows_in": 3000, "rows_kept": 0, "rows_rejected": 3000,
+                            "reasons": {f"reason_{k}": 10 for k in range(300)}}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    model = collect(tmp_path)
+    assert model["rejected_scan"]["per_reason"] == 3
+    assert len(model["reasons"]) == 300 and all(len(r["samples"]) == 3 for r in model["reasons"])
+
+
+def test_overview_share_bar_and_percent_summaries(sft_report):
+    _, page, _ = sft_report
+    assert "Where the rows went" in page and "rejected by dedup" in page
+    assert "Share tokens removed</div><div class=\"v\">4.12%" in page

@@ -53,6 +53,7 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
     seconds: dict[str, float] = {}
     rejected: list[pa.Table] = []
     summary: Any = None
+    formats: dict[str, int] = {}
 
     def record(index: int, rows_in: int, kept: pa.Table, rej: pa.Table) -> None:
         reasons: dict[str, int] = {}
@@ -75,6 +76,9 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
         record(-1, len(task.raw), outcome.kept, outcome.rejected)
         stats[-1] = outcome.stats
         table = outcome.kept
+        if "format" in table.column_names:
+            for fmt in table.column("format").to_pylist():
+                formats[fmt] = formats.get(fmt, 0) + 1
         rows_in = len(task.raw)
     else:
         table = read_table(task.input_path)
@@ -105,6 +109,7 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
     meta = {
         "unit": task.unit, "source": task.source, "rows_in": rows_in, "kept": table.num_rows,
         "rejected": rejected_rows, "counts": counts, "stats": stats, "summary": summary, "seconds": seconds,
+        "formats": formats,
         "schema": table.schema.serialize().to_pybytes(),
     }
     atomic_write_bytes(task.meta_path, pickle.dumps(meta))

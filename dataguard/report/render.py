@@ -316,7 +316,7 @@ def render_html(m: dict[str, Any]) -> str:
     kept = _kept(m)
     if kept:
         page.section("Kept rows preview", kept, "kept", group="Data")
-    if m.get("training") is not None:
+    if m.get("training"):
         page.section("Training", _training(m), "training")
     page.section("Config & environment", _config(m), "config")
 

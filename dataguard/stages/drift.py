@@ -23,9 +23,10 @@ rarely are - character and word counts move together - so multiplying over-corre
 
 - ``"importance_weights"``: column ``drift_weight`` = reference share / training share of
   the row's bin (or category) in the targeted column, clipped at ``max_weight``;
-- ``"resample"``: the same weight is used as an expected number of copies per row (rows
-  drawing 0 copies are rejected with ``drift_resampled_out``; extra copies get ids
-  ``<id>#rep1``, ...), decided from a hash of (seed, id) so it is deterministic.
+- ``"resample"``: the same weight is the expected number of uses per row, drawn from a hash
+  of (seed, id) so it is deterministic: rows drawing 0 are rejected with
+  ``drift_resampled_out``, the others are kept once with an int32 ``repeat`` column (see
+  `dataguard.stats.repeat`; an incoming ``repeat`` is multiplied, and always counted).
 
 ``weight_column`` (e.g. ``sample_weight`` from the long-tail stage) makes the training side
 a weighted distribution - what a weighted training run actually sees - for PSI and for
@@ -52,7 +53,7 @@ import pyarrow.compute as pc
 from dataguard.records import empty_rejected, message_texts, reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stats.features import has_feature, numeric_feature
-from dataguard.stats.hashing import hash64, uniforms
+from dataguard.stats.hashing import hash64
 from dataguard.stats.psi import (
     DEFAULT_EPSILON,
     DEFAULT_THRESHOLDS,
@@ -64,7 +65,14 @@ from dataguard.stats.psi import (
     shares,
     verdict,
 )
-from dataguard.stats.reweighting import copies
+from dataguard.stats.repeat import (
+    REPEAT_COLUMN,
+    REPEAT_TYPE,
+    draw_repeat,
+    multiplicity,
+    weighted_value_counts,
+    with_column,
+)
 
 REASON_RESAMPLED_OUT = "drift_resampled_out"
 CORRECTIONS = (None, "importance_weights", "resample")
@@ -139,16 +147,6 @@ def _round(x: float | None, digits: int = 6) -> float | None:
     return None if x is None or x != x else round(float(x), digits)
 
 
-def _weighted_counter(values: pa.Array, weights: np.ndarray | None) -> Counter:
-    """Category -> count (or summed weight), vectorised with Arrow."""
-    if len(values) == 0:
-        return Counter()
-    if weights is None:
-        return Counter({d["values"]: d["counts"] for d in pc.value_counts(values).to_pylist()})
-    grouped = pa.table({"v": values, "w": pa.array(weights, pa.float64())}).group_by("v").aggregate([("w", "sum")])
-    return Counter(dict(zip(grouped.column("v").to_pylist(), grouped.column("w_sum").to_pylist(), strict=True)))
-
-
 # ----------------------------------------------------------------------------- validation
 def _is_num(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and bool(np.isfinite(x))
@@ -220,7 +218,7 @@ class DriftStage(Stage):
         self._fitted = False
         self._after: dict[str, Any] | None = None
         self._rows_resampled_out = 0
-        self._rows_duplicated = 0
+        self._rows_repeated = 0
 
     def _load(self, reference: Any) -> None:
         if reference is None or not isinstance(reference, pa.Table | str | Path | Mapping):
@@ -253,13 +251,17 @@ class DriftStage(Stage):
             self.ref_counts[c] = bin_counts(v, self.ref_edges[c])
             finite = v[~np.isnan(v)]
             self.ref_range[c] = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
-        self.ref_cats: dict[str, Counter] = {c: _weighted_counter(_categories(ref, c), None) for c in self.categorical}
+        self.ref_cats: dict[str, Counter] = {c: weighted_value_counts(_categories(ref, c), None)
+                                              for c in self.categorical}
         self.ref_texts = (_text_sample(ref, TEXT_ROLES[self.text], self.seed, self.text_sample)
                           if self.text else [])
 
     # -- contract ---------------------------------------------------------------------------
     def output_columns(self) -> dict[str, pa.DataType]:
-        return {"drift_weight": pa.float32()}
+        cols = {"drift_weight": pa.float32()}
+        if self.correct == "resample":
+            cols[REPEAT_COLUMN] = REPEAT_TYPE
+        return cols
 
     def _check_batch(self, batch: pa.Table) -> None:
         cols = batch.column_names
@@ -270,10 +272,12 @@ class DriftStage(Stage):
             raise StageConfigError(f"columns {missing} are not in the data and cannot be derived (columns: {cols})")
 
     def _row_weights(self, batch: pa.Table) -> np.ndarray | None:
-        """Weights of the training rows (``weight_column``), or None for plain counts."""
-        if self.weight_column is None:
-            return None
-        return np.nan_to_num(numeric_feature(batch, self.weight_column), nan=1.0)
+        """How much each training row counts: ``weight_column`` x ``repeat`` (None = 1 each)."""
+        w = multiplicity(batch)
+        if self.weight_column is not None:
+            v = np.nan_to_num(numeric_feature(batch, self.weight_column), nan=1.0)
+            w = v if w is None else w * v
+        return w
 
     def summarize(self, batch: pa.Table) -> dict[str, Any]:
         """Exact per-bin counts, category counts, min/max and a bottom-k text sample."""
@@ -286,7 +290,7 @@ class DriftStage(Stage):
             numeric[c] = bin_counts(v, self.ref_edges[c], rw)
             finite = v[~np.isnan(v)]
             ranges[c] = (float(finite.min()), float(finite.max())) if finite.size else None
-        cats = {c: _weighted_counter(_categories(batch, c), rw) for c in self.categorical}
+        cats = {c: weighted_value_counts(_categories(batch, c), rw) for c in self.categorical}
         texts = _text_sample(batch, TEXT_ROLES[self.text], self.seed, self.text_sample, rw) if self.text else []
         return {"rows": batch.num_rows, "numeric": numeric, "ranges": ranges, "categorical": cats, "texts": texts}
 
@@ -381,33 +385,32 @@ class DriftStage(Stage):
         w = self._weights(batch) if (self.ratios or self.cat_ratios) else np.ones(n)
         drift_weight = w if self.correct == "importance_weights" else np.ones(n)
         # a second drift stage (another reference) replaces the column rather than duplicating it
-        base = batch.drop_columns(["drift_weight"]) if "drift_weight" in batch.column_names else batch
-        scored = base.append_column("drift_weight", pa.array(drift_weight.astype(np.float32), pa.float32()))
+        scored = with_column(batch, "drift_weight", pa.array(drift_weight.astype(np.float32), pa.float32()))
         rejected = empty_rejected()
         kept = scored
-        if self.correct == "resample" and (self.ratios or self.cat_ratios) and n:
-            k = copies(w, uniforms(batch.column("id").to_pylist(), self.seed, "drift"))
+        if self.correct == "resample":
+            if self.ratios or self.cat_ratios:
+                k = draw_repeat(batch, w, self.seed, "drift")
+            else:  # nothing to correct: keep the current multiplicity
+                base = multiplicity(batch)
+                k = np.ones(n, dtype=np.int64) if base is None else base.astype(np.int64)
+            scored = with_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
             out = k == 0
             if out.any():
-                details = [f"drift resampling toward the reference on {sorted([*self.ratios, *self.cat_ratios])}: "
-                           f"expected copies {x:.4f}, drew 0" for x in w[out]]
+                details = [f"drift resampling toward the reference on {self.corrected!r}: "
+                           f"{x:.4f} expected uses per row, drew 0" for x in w[out]]
                 rejected = reject_rows(scored, out, self.name, REASON_RESAMPLED_OUT, details)
-            take = np.repeat(np.arange(n), k)
-            kept = scored.take(pa.array(take, pa.int64()))
-            rep = np.arange(take.size) - np.repeat(np.cumsum(k) - k, k)
-            if (rep > 0).any():
-                ids = kept.column("id").to_pylist()
-                kept = kept.set_column(kept.column_names.index("id"), "id", pa.array(
-                    [i if r == 0 else f"{i}#rep{r}" for i, r in zip(ids, rep.tolist(), strict=True)], pa.string()))
+            kept = scored.filter(pa.array(~out))
         # what the training run will see, for PSI after correction
         weights = kept.column("drift_weight").to_numpy().astype(np.float64) if kept.num_rows else np.empty(0)
         rw = self._row_weights(kept)
         if rw is not None:
             weights = weights * rw
         after_num = {c: bin_counts(numeric_feature(kept, c), self.ref_edges[c], weights) for c in self.columns}
-        after_cat = {c: _weighted_counter(_categories(kept, c), weights) for c in self.categorical}
+        after_cat = {c: weighted_value_counts(_categories(kept, c), weights) for c in self.categorical}
+        reps = multiplicity(kept)
         stats = {"numeric": after_num, "categorical": after_cat, "resampled_out": int(rejected.num_rows),
-                 "duplicated": int(kept.num_rows - (n - rejected.num_rows))}
+                 "repeated": int((reps > 1).sum()) if reps is not None and self.correct == "resample" else 0}
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
     def absorb(self, stats: Sequence[Any]) -> None:
@@ -422,10 +425,10 @@ class DriftStage(Stage):
             for c in self.categorical:
                 cat[c].update(s["categorical"][c])
             out += s["resampled_out"]
-            dup += s["duplicated"]
+            dup += s["repeated"]
         self._after = {"numeric": num, "categorical": cat}
         self._rows_resampled_out = out
-        self._rows_duplicated = dup
+        self._rows_repeated = dup
 
     # -- results ----------------------------------------------------------------------------
     def psi_after(self) -> dict[str, float]:
@@ -501,7 +504,7 @@ class DriftStage(Stage):
             "correction": self.correct,
             "corrected_column": self.corrected if self.correct and not self.correction_note else None,
             "rows_resampled_out": self._rows_resampled_out,
-            "rows_duplicated": self._rows_duplicated,
+            "rows_repeated": self._rows_repeated,
         }
         blocks: list[dict[str, Any]] = [{
             "type": "table", "title": "PSI per column (reference = expected)",

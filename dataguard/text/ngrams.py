@@ -65,7 +65,8 @@ def _prefix(values: np.ndarray, pw: _Powers) -> tuple[np.ndarray, np.ndarray]:
     pos, neg = pw.get(len(values) + 1)
     s = np.zeros(len(values) + 1, dtype=U64)
     with np.errstate(over="ignore"):
-        np.cumsum(values * pos[:len(values)], out=s[1:])
+        np.multiply(values, pos[:len(values)], out=s[1:], dtype=U64)  # no uint64 copy of bytes
+        np.cumsum(s[1:], out=s[1:])
     return s, neg
 
 
@@ -136,11 +137,10 @@ def word_symbols(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     edges = np.flatnonzero(is_word[1:] != is_word[:-1])  # alternating word starts and ends
     w_start, w_end = edges[0::2], edges[1::2]
     seps = np.flatnonzero(buf == 0)
-    doc_of_word = np.searchsorted(seps, w_start, side="right") - 1
-    counts = np.bincount(doc_of_word, minlength=len(seps)) if len(w_start) else np.zeros(len(seps), np.int64)
-    starts = np.zeros(len(seps) + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    return segment_hashes(buf.astype(U64), w_start, w_end, _BYTE_POWERS, salt=0x57), starts
+    # first word of each document = first word after its separator (few queries, many words)
+    starts = np.append(np.searchsorted(w_start, seps, side="right"), len(w_start)).astype(np.int64)
+    starts[0] = 0
+    return segment_hashes(buf, w_start, w_end, _BYTE_POWERS, salt=0x57), starts
 
 
 # ---------------------------------------------------------------------------------------
