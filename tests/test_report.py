@@ -288,3 +288,31 @@ def test_overview_share_bar_and_percent_summaries(sft_report):
     _, page, _ = sft_report
     assert "Where the rows went" in page and "rejected by dedup" in page
     assert "Share tokens removed</div><div class=\"v\">4.12%" in page
+
+
+def test_end_to_end_with_the_real_pipeline(tmp_path):
+    """A real run (normalize + dedup) over a file with payloads, a duplicate and a broken line."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+    from dataguard.stages.dedup import DedupStage
+
+    rows = [{"instruction": f"Question {i} {PAYLOADS[i % len(PAYLOADS)]}", "input": "", "output": f"Answer {i}."}
+            for i in range(40)]
+    rows.append(dict(rows[3]))  # an exact duplicate
+    lines = [json.dumps(r) for r in rows] + ['{"instruction": "broken <script>window.__pwned=9</script>",']
+    src = tmp_path / "train.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    Pipeline([DedupStage(action="drop")], workers=1).run([InputSpec(path=src, name="train")], out)
+    page = build_report(out).read_text(encoding="utf-8")
+    model = json.loads((out / "audit.json").read_text())
+    assert model["nothing_lost"] is True and model["counts"]["rows_in"] == 42
+    assert [s["name"] for s in model["stages"]] == ["normalize", "dedup"]
+    assert 'id="stage-normalize"' in page and 'id="stage-dedup"' in page and 'id="stage-length"' not in page
+    reasons = {r["reason"]: r for r in model["reasons"]}
+    assert sum(r["count"] for r in model["reasons"]) == model["counts"]["rows_rejected"] == 2
+    assert all(r["samples"] for r in reasons.values())
+    parser = TagCollector()
+    parser.feed(page)
+    assert [t for t, _ in parser.tags].count("script") == 1
+    assert "&lt;script&gt;window.__pwned=9&lt;/script&gt;" in page

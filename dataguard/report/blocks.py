@@ -68,16 +68,30 @@ def summary_grid(summary: dict[str, Any]) -> str:
     return f'<div class="stat-grid">{"".join(items)}</div>'
 
 
-def _histogram(b: dict) -> str:
+_FIRST = ("before", "original", "given", "train", "raw", "input")
+_LAST = ("after", "cleaned", "weighted", "resampled", "corrected", "output")
+
+
+def _ordered(series: dict) -> dict:
+    """Series in a reading order: 'before'-like first, 'after'-like last (manifests are
+    written with sorted keys, which would put 'after' before 'before')."""
+    def rank(name: str) -> int:
+        low = name.lower()
+        return 0 if low.startswith(_FIRST) else 2 if low.startswith(_LAST) else 1
+    return {k: series[k] for k in sorted(series, key=lambda k: rank(str(k)))}
+
+
+def _histogram(b: dict, compact: bool = False) -> str:
     edges = [float(e) for e in b["edges"]]
     series = b.get("series")
     if series is None and "counts" in b:
         series = {"rows": b["counts"]}
-    series = {str(k): [float(c or 0) for c in v] for k, v in (series or {}).items()}
+    series = _ordered({str(k): [float(c or 0) for c in v] for k, v in (series or {}).items()})
     markers = [m for m in (b.get("markers") or []) if isinstance(m, dict)]
     chart = svg.histogram(edges, series, markers, x_label=str(b.get("x_label") or ""),
                           y_label=str(b.get("y_label") or "rows"),
-                          log_x=b.get("log_x") if isinstance(b.get("log_x"), bool) else None)
+                          log_x=b.get("log_x") if isinstance(b.get("log_x"), bool) else None,
+                          **({"width": 470, "height": 230} if compact else {}))
     names = list(series)
     rows = [[f"[{num(edges[i])}, {num(edges[i + 1])})"] + [series[n][i] if i < len(series[n]) else None for n in names]
             for i in range(len(edges) - 1)]
@@ -93,7 +107,7 @@ def _bar(b: dict) -> str:
     series = b.get("series")
     if series is None and "values" in b:
         series = {"value": b["values"]}
-    series = {str(k): list(v) for k, v in (series or {}).items()}
+    series = _ordered({str(k): list(v) for k, v in (series or {}).items()})
     names = list(series)
     note = ""
     shown = labels
@@ -255,8 +269,9 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
 }
 
 
-def render_block(block: dict) -> str:
-    """One block with its title; unknown or malformed blocks show as JSON with a note."""
+def render_block(block: dict, compact: bool = False) -> str:
+    """One block with its title; unknown or malformed blocks show as JSON with a note.
+    ``compact`` draws a histogram small, for a grid of small multiples."""
     kind = str(block.get("type", ""))
     title = block.get("title")
     h = f"<h3>{esc(title)}</h3>" if title else ""
@@ -264,7 +279,7 @@ def render_block(block: dict) -> str:
     try:
         if fn is None:
             raise KeyError(f"unknown block type {kind!r}")
-        inner = fn(block)
+        inner = _histogram(block, compact=True) if compact and kind == "histogram" else fn(block)
     except Exception as exc:  # noqa: BLE001 - a bad block must not break the whole audit
         pretty = json.dumps(block, ensure_ascii=False, indent=2, default=str)
         if len(pretty) > 6000:

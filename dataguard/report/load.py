@@ -281,7 +281,7 @@ def collect(output_dir: str | Path, per_reason: int = SAMPLES_PER_REASON) -> dic
             "name": s.get("name"),
             "title": desc.get("title") or s.get("name"),
             "rows_in": s.get("rows_in"), "rows_kept": s.get("rows_kept"), "rows_rejected": s.get("rows_rejected"),
-            "seconds": s.get("seconds", stage_seconds.get(str(s.get("name")))),
+            "seconds": s.get("seconds", stage_seconds.get(str(s.get("key")), stage_seconds.get(str(s.get("name"))))),
             "reasons": s.get("reasons") or {},
             "summary": desc.get("summary") if isinstance(desc.get("summary"), dict) else {},
             "blocks": [b for b in (desc.get("blocks") or []) if isinstance(b, dict)],

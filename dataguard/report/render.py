@@ -144,7 +144,8 @@ def _inputs(m: dict[str, Any]) -> str:
         fmt_text = ", ".join(f"{k}: {num(v)}" for k, v in fmts.items()) if isinstance(fmts, dict) else str(fmts)
         rows.append("<tr>" + "".join([
             f"<td><b>{esc(i.get('name'))}</b><div class=\"mono muted\">{esc(i.get('path'))}</div></td>",
-            f"<td>{esc(i.get('format'))}</td>", f"<td>{esc(fmt_text) or '—'}</td>",
+            f"<td>{esc(i.get('format'))}{' (' + esc(i['reader']) + ')' if i.get('reader') else ''}</td>",
+            f"<td>{esc(fmt_text) or '—'}</td>",
             f'<td class="num">{esc(num(i.get("rows")))}</td>', f'<td class="num">{esc(human_bytes(i.get("bytes")))}</td>',
             f'<td class="mono">{esc(i.get("sha256"))}</td>']) + "</tr>")
     if not rows:
@@ -178,7 +179,7 @@ def _funnel(m: dict[str, Any]) -> str:
     chart = svg.funnel(steps, total)
     rows = [[s["name"], s.get("rows_in"), s.get("rows_kept"), s.get("rows_rejected"),
              pct(s.get("rows_rejected"), s.get("rows_in")), human_seconds(s.get("seconds"))] for s in stages]
-    return chart + table_html(["stage", "rows in", "kept", "rejected", "rejected %", "time"], rows)
+    return chart + table_html(["stage", "rows in", "kept", "rejected", "rejected %", "time (all workers)"], rows)
 
 
 def _reasons(m: dict[str, Any], ids: set[str]) -> str:
@@ -247,8 +248,27 @@ def _stage(s: dict[str, Any], reason_anchor: dict[tuple[str, str], str]) -> str:
     if chips:
         parts.append(f'<div class="reasons-inline">Reasons: {" · ".join(chips)}</div>')
     parts.append(summary_grid(s.get("summary") or {}))
-    parts.extend(render_block(b) for b in s.get("blocks") or [])
+    parts.extend(_blocks(s.get("blocks") or []))
     return "".join(parts)
+
+
+def _blocks(blocks: list[dict]) -> list[str]:
+    """Render blocks in order; a run of 2+ histograms becomes a two-column grid of compact
+    charts (small multiples), so a stage with many score distributions stays scannable."""
+    out: list[str] = []
+    i = 0
+    while i < len(blocks):
+        j = i
+        while j < len(blocks) and blocks[j].get("type") == "histogram":
+            j += 1
+        if j - i >= 2:
+            out.append('<div class="grid2 multiples">' + "".join(render_block(b, compact=True) for b in blocks[i:j])
+                       + "</div>")
+            i = j
+        else:
+            out.append(render_block(blocks[i]))
+            i += 1
+    return out
 
 
 def _short(text: str, n: int = 140) -> str:

@@ -114,7 +114,8 @@ class _Encoder:
             return symbols, np.zeros(0, np.int64), np.zeros(0, np.int64)
         if not spans:
             return symbols, np.zeros(0, np.int64), np.zeros(0, np.int64)
-        s = np.array([a for a, _ in spans], dtype=np.int64)
+        # a BPE token " word" starts at its space; the word itself is what was copied
+        s = np.array([a + 1 if a + 1 < b and norm[a] == " " else a for a, b in spans], dtype=np.int64)
         e = np.array([b for _, b in spans], dtype=np.int64)
         # map normalised-char offsets to the user's text
         return symbols, src[np.minimum(s, len(src) - 1)], src[np.maximum(e - 1, 0)] + 1

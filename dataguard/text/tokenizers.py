@@ -222,7 +222,12 @@ class QwenTokenizer(Tokenizer):
         nfc = unicodedata.normalize
         # Qwen normalizes to NFC before BPE; special-token strings inside user text are
         # counted as the plain text they are (encode_ordinary), never as control tokens.
-        lists = [encode(t if is_nfc("NFC", t) else nfc("NFC", t)) for t in texts]
+        lists = []
+        for t in texts:
+            try:
+                lists.append(encode(t if is_nfc("NFC", t) else nfc("NFC", t)))
+            except UnicodeEncodeError:  # lone surrogates (only from Python callers; Arrow holds valid UTF-8)
+                lists.append(encode(nfc("NFC", t.encode("utf-8", "replace").decode("utf-8"))))
         return _split_flat(lists)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
