@@ -42,6 +42,20 @@ def reports(tmp_path_factory) -> dict[str, Path]:
     return {"sft": sft, "cls": cls}
 
 
+@pytest.fixture(scope="module")
+def real_report(tmp_path_factory) -> Path:
+    """A real pipeline run (normalize + dedup) over the shipped Alpaca slice."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+    from dataguard.stages.dedup import DedupStage
+
+    root = Path(__file__).resolve().parent.parent / "sample_data"
+    out = tmp_path_factory.mktemp("real") / "out"
+    Pipeline([DedupStage(action="drop")], workers=1).run(
+        [InputSpec(path=root / "alpaca_en_demo.json", name="alpaca")], out)
+    return build_report(out)
+
+
 PWNED = ("[typeof window.__pwned, document.body.getAttribute('data-pwned'), "
          "document.querySelectorAll('img,iframe,object,embed,textarea,link,form').length, "
          "document.scripts.length, getComputedStyle(document.body).display]")
@@ -148,3 +162,13 @@ def test_reads_without_javascript_and_prints_clean(browser, reports):
         browser.screenshot(ARTIFACTS / "report-sft-print.png")
     finally:
         browser.send("Emulation.setEmulatedMedia", {"media": ""})
+
+
+def test_real_pipeline_report_loads_clean(browser, real_report):
+    load = browser.load(real_report)
+    assert load.errors == [] and load.requests == [load.url]
+    ids = _section_ids(browser)
+    assert [i for i in ids if i.startswith("stage-")] == ["stage-normalize", "stage-dedup"]
+    assert browser.evaluate("document.getElementById('verdict').dataset.verdict") == "ok"
+    assert browser.evaluate("document.querySelectorAll('#rejects details.sample').length") > 0
+    browser.screenshot(ARTIFACTS / "report-real-normalize-dedup.png", full_page=True, max_height=8000)

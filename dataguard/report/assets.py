@@ -50,7 +50,8 @@ ul.checks li{break-inside:avoid;padding:2px 0}
 .ck{display:inline-block;width:18px;font-weight:800}.ck.ok{color:var(--ok)}.ck.bad{color:var(--bad)}.ck.na{color:var(--warn)}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
-td{overflow-wrap:anywhere}
+td{overflow-wrap:break-word}
+td.txt{min-width:220px}
 th{font-weight:600;color:#374151;background:#f8fafc;position:sticky;top:0}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.mono,.mono{font-family:var(--mono);font-size:12px;word-break:break-all}
@@ -107,7 +108,8 @@ details.sample .rec{margin:8px 0 4px 16px}
 .msg.other .role{background:#faf5ff;color:#7e22ce}
 .cut{color:var(--muted);font-style:italic}
 .kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;font-size:12.5px;margin:6px 0}
-.kv .k{color:var(--muted);font-family:var(--mono)}.kv .v{font-family:var(--mono);word-break:break-word}
+.kv.wide{grid-template-columns:repeat(3,max-content minmax(60px,1fr))}
+.kv .k{color:var(--muted);font-family:var(--mono)}.kv .hot{color:#b91c1c;font-weight:700}.kv .v{font-family:var(--mono);word-break:break-word}
 .ex{border:1px solid var(--line);border-radius:8px;padding:10px 12px;margin:0 0 10px}
 .ex .exhead{font-size:12.5px;color:var(--muted);margin:0 0 6px;display:flex;gap:12px;flex-wrap:wrap}
 .ex .exhead .mono{color:#334155}
@@ -131,7 +133,7 @@ table.heat.dense td{min-width:12px;padding:1px;font-size:0;height:12px}
 .muted{color:var(--muted)}.small{font-size:12px}
 footer{color:var(--muted);font-size:12px;text-align:center;margin:30px 0 0}
 [hidden]{display:none!important}
-@media (max-width:900px){.layout{grid-template-columns:1fr}nav.toc{position:static;max-height:none}.grid2{grid-template-columns:1fr}ul.checks{columns:1}}
+@media (max-width:900px){.kv.wide{grid-template-columns:max-content 1fr}.layout{grid-template-columns:1fr}nav.toc{position:static;max-height:none}.grid2{grid-template-columns:1fr}ul.checks{columns:1}}
 @media print{
  body{background:#fff;font-size:11.5px}header.top{background:#fff;color:#000;border-bottom:2px solid #000;padding:8px 0}
  header.top .sub{color:#333}.layout{display:block;padding:0;max-width:none}nav.toc,.toolbar{display:none}

@@ -24,7 +24,7 @@ DENSE_MATRIX = 24
 _SHARE_KEY = re.compile(r"(^|_)(share|fraction|pct_of|rate)(_|$)")
 
 
-def cell(value: Any) -> str:
+def cell(value: Any, wide: bool = False) -> str:
     """One table cell: numbers right-aligned, verdict words as badges, the rest as text."""
     if is_number(value):
         return f'<td class="num">{esc(num(value))}</td>'
@@ -37,14 +37,16 @@ def cell(value: Any) -> str:
     text = str(value)
     if text.lower() in VERDICT_WORDS:
         return f'<td><span class="badge {esc(text.lower())}">{esc(text)}</span></td>'
-    return f"<td>{esc(text)}</td>"
+    return f'<td class="txt">{esc(text)}</td>' if wide or len(text) > 60 else f"<td>{esc(text)}</td>"
 
 
-def table_html(columns: Sequence[Any], rows: Sequence[Sequence[Any]], scroll_after: int = 14) -> str:
+def table_html(columns: Sequence[Any], rows: Sequence[Sequence[Any]], scroll_after: int = 14,
+               wide: Sequence[int] = ()) -> str:
+    """A table; numeric columns right-aligned; columns in ``wide`` get room for prose."""
     numeric = [bool(rows) and all(is_number(r[i]) or r[i] is None for r in rows if i < len(r))
                for i in range(len(columns))]
     head = "".join(f'<th class="{"num" if numeric[i] else ""}">{esc(c)}</th>' for i, c in enumerate(columns))
-    body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(cell(v, i in wide) for i, v in enumerate(r)) + "</tr>" for r in rows)
     cls = "scroll" if len(rows) > scroll_after else "xscroll"
     return f'<div class="{cls}"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
@@ -89,16 +91,19 @@ def _histogram(b: dict, compact: bool = False) -> str:
     series = _ordered({str(k): [float(c or 0) for c in v] for k, v in (series or {}).items()})
     markers = [m for m in (b.get("markers") or []) if isinstance(m, dict)]
     chart = svg.histogram(edges, series, markers, x_label=str(b.get("x_label") or ""),
-                          y_label=str(b.get("y_label") or "rows"),
+                          y_label=str(b.get("y_label") or ("share" if all(
+                              abs(sum(float(c or 0) for c in v) - 1.0) < 1e-3 for v in series.values()) else "rows")),
                           log_x=b.get("log_x") if isinstance(b.get("log_x"), bool) else None,
                           **({"width": 470, "height": 230} if compact else {}))
     names = list(series)
     rows = [[f"[{num(edges[i])}, {num(edges[i + 1])})"] + [series[n][i] if i < len(series[n]) else None for n in names]
             for i in range(len(edges) - 1)]
-    totals = " · ".join(f"{esc(n)}: {esc(num(sum(series[n])))} rows" for n in names)
+    shares = all(abs(sum(v) - 1.0) < 1e-3 for v in series.values())  # already normalised: no row totals
+    totals = "" if shares else " · ".join(f"{esc(n)}: {esc(num(sum(series[n])))} rows" for n in names)
     mk = " · ".join(f"{esc(m.get('label', 'marker'))} = {esc(num(m.get('value')))}" for m in markers)
     data = table_html(["bin"] + names, rows, scroll_after=10)
-    return (f'{chart}<div class="axis-note">{totals}{" · " + mk if mk else ""}</div>'
+    note = " · ".join(x for x in (totals, mk) if x)
+    return (f'{chart}<div class="axis-note">{note}</div>'
             f'<details class="data"><summary>Data ({len(rows)} bins)</summary>{data}</details>')
 
 

@@ -394,9 +394,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--payloads", action="store_true", help="plant script-injection strings in the data")
     ap.add_argument("--screenshot", type=Path, help="save a PNG of the top of the report here")
     ap.add_argument("--height", type=int, default=1000, help="screenshot height in CSS pixels")
+    ap.add_argument("--existing", action="store_true",
+                    help="OUT is a real run's output folder: only (re)build its report (and screenshot)")
+    ap.add_argument("--html", type=Path, help="where to write the report (default OUT/audit.html)")
     args = ap.parse_args(argv)
     stages = SFT if args.stages == "sft" else CLASSIFICATION
-    html = build_report(write_demo_output(args.out, rows_in=args.rows, stages=stages, payloads=args.payloads))
+    out = args.out if args.existing else write_demo_output(args.out, rows_in=args.rows, stages=stages,
+                                                           payloads=args.payloads)
+    html = build_report(out, args.html)
     print(html)
     if args.screenshot:
         from dataguard.report.browser import Chromium

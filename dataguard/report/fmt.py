@@ -82,9 +82,9 @@ def human_seconds(s: Any) -> str:
         return f"{s:.1f} s"
     m, sec = divmod(int(round(s)), 60)
     if m < 60:
-        return f"{m} min {sec:02d} s"
+        return f"{m}m {sec:02d}s"
     h, m = divmod(m, 60)
-    return f"{h} h {m:02d} min"
+    return f"{h}h {m:02d}m"
 
 
 def pct(part: Any, whole: Any) -> str:
@@ -128,7 +128,8 @@ def yamlish(value: Any, indent: int = 0) -> str:
         lines = []
         for k, v in value.items():
             key = _scalar(str(k))
-            if isinstance(v, dict | list) and v:
+            flow = isinstance(v, list) and all(not isinstance(x, dict | list) for x in v)
+            if isinstance(v, dict | list) and v and not flow:
                 lines.append(f"{pad}{key}:")
                 lines.append(yamlish(v, indent + 1))
             else:
@@ -137,6 +138,8 @@ def yamlish(value: Any, indent: int = 0) -> str:
     if isinstance(value, list):
         if not value:
             return pad + "[]"
+        if all(not isinstance(v, dict | list) for v in value):  # flow style: one line for scalars
+            return pad + "[" + ", ".join(_scalar(v) for v in value) + "]"
         lines = []
         for v in value:
             if isinstance(v, dict | list) and v:

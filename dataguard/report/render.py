@@ -9,6 +9,7 @@ frames, forms, inline event handlers). Every piece of dataset text passes throug
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from dataguard.report import svg
@@ -33,19 +34,31 @@ STAGE_NOTES = {
 ROLE_CLASSES = {"system", "user", "assistant", "tool"}
 
 
-def _kv(pairs: dict[str, Any]) -> str:
+_RAW_KEY = re.compile(r"(hash|(^|_)id|seed|sha)", re.I)
+
+
+def _kv(pairs: dict[str, Any], detail: str = "") -> str:
+    """Score columns as a compact multi-column key/value grid; keys named in the reject
+    detail are emphasised (they are why the row was rejected); hashes and ids stay raw."""
     items = []
     for k, v in pairs.items():
-        val = json.dumps(v, ensure_ascii=False) if isinstance(v, list | dict) else num(v) if is_number(v) else v
-        items.append(f'<div class="k">{esc(k)}</div><div class="v">{esc(val)}</div>')
-    return f'<div class="kv">{"".join(items)}</div>' if items else ""
+        if isinstance(v, list | dict):
+            val = json.dumps(v, ensure_ascii=False)
+        elif is_number(v) and not _RAW_KEY.search(str(k)):
+            val = num(v)
+        else:
+            val = "—" if v is None else str(v)
+        hot = ' class="hot"' if detail and str(k) in detail.replace(" ", "_") else ""
+        items.append(f'<div class="k"><span{hot}>{esc(k)}</span></div><div class="v">{esc(val)}</div>')
+    cls = "kv wide" if len(items) > 8 else "kv"
+    return f'<div class="{cls}">{"".join(items)}</div>' if items else ""
 
 
 def _cut(n: int) -> str:
     return f'<span class="cut"> … [{n:,} more characters]</span>' if n else ""
 
 
-def render_record(rec: dict[str, Any]) -> str:
+def render_record(rec: dict[str, Any], detail: str = "") -> str:
     """A rejected row's record: the conversation with roles, label, meta and scores."""
     kind = rec.get("kind")
     if kind == "raw":
@@ -64,7 +77,7 @@ def render_record(rec: dict[str, Any]) -> str:
     if rec.get("label") is not None:
         parts.insert(0, f'<div class="small">Label: <span class="badge">{esc(rec["label"])}</span></div>')
     if rec.get("scores"):
-        parts.append(_kv(rec["scores"]))
+        parts.append(_kv(rec["scores"], detail))
     if rec.get("meta"):
         parts.append(f'<details><summary class="small">meta</summary><pre>{esc(rec["meta"])}{_cut(rec.get("meta_cut", 0))}'
                      f"</pre></details>")
@@ -138,20 +151,23 @@ def _overview(m: dict[str, Any]) -> str:
 
 
 def _inputs(m: dict[str, Any]) -> str:
+    inputs = m.get("inputs") or []
+    if not inputs:
+        return '<p class="muted">No inputs recorded.</p>'
+    show_fmts = any(i.get("formats_detected") for i in inputs)
     rows = []
-    for i in m.get("inputs") or []:
+    for i in inputs:
         fmts = i.get("formats_detected") or {}
         fmt_text = ", ".join(f"{k}: {num(v)}" for k, v in fmts.items()) if isinstance(fmts, dict) else str(fmts)
-        rows.append("<tr>" + "".join([
-            f"<td><b>{esc(i.get('name'))}</b><div class=\"mono muted\">{esc(i.get('path'))}</div></td>",
-            f"<td>{esc(i.get('format'))}{' (' + esc(i['reader']) + ')' if i.get('reader') else ''}</td>",
-            f"<td>{esc(fmt_text) or '—'}</td>",
-            f'<td class="num">{esc(num(i.get("rows")))}</td>', f'<td class="num">{esc(human_bytes(i.get("bytes")))}</td>',
-            f'<td class="mono">{esc(i.get("sha256"))}</td>']) + "</tr>")
-    if not rows:
-        return '<p class="muted">No inputs recorded.</p>'
-    head = ("<tr><th>input</th><th>format</th><th>formats detected</th><th class=\"num\">rows</th>"
-            "<th class=\"num\">size</th><th>sha256</th></tr>")
+        cells = [f"<td><b>{esc(i.get('name'))}</b><div class=\"mono muted\">{esc(i.get('path'))}</div></td>",
+                 f"<td>{esc(i.get('format'))}{' (' + esc(i['reader']) + ')' if i.get('reader') else ''}</td>"]
+        if show_fmts:
+            cells.append(f"<td>{esc(fmt_text) or '—'}</td>")
+        cells += [f'<td class="num">{esc(num(i.get("rows")))}</td>', f'<td class="num">{esc(human_bytes(i.get("bytes")))}</td>',
+                  f'<td class="mono">{esc(i.get("sha256"))}</td>']
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    head = ("<tr><th>input</th><th>format</th>" + ("<th>formats detected</th>" if show_fmts else "")
+            + "<th class=\"num\">rows</th><th class=\"num\">size</th><th>sha256</th></tr>")
     return f'<div class="xscroll"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
@@ -208,7 +224,7 @@ def _reasons(m: dict[str, Any], ids: set[str]) -> str:
                 f'<details class="sample"><summary><span class="sid">{esc(s.get("id"))}</span>'
                 f'<span class="sdet">{esc(_short(s.get("detail") or "", 70))}</span><span class="snip">{esc(_snippet(rec))}'
                 f'</span></summary><div class="rec">{det}<div class="small muted">source: {esc(s.get("source"))}</div>'
-                f'{render_record(rec)}</div></details>')
+                f'{render_record(rec, s.get("detail") or "")}</div></details>')
         shown = (f'<p class="example-detail">Showing {len(samples)} of {esc(num(cnt))} rows.'
                  f'{" e.g. “" + esc(first_detail) + "”" if first_detail else ""}</p>') if samples else \
             '<p class="example-detail">No sample rows found in the rejected shards.</p>'
@@ -288,7 +304,8 @@ def _kept(m: dict[str, Any]) -> str:
         rows.append([v.get("id"), v.get("source"), v.get("label"), r["turns"], _short(r["prompt"]), _short(r["response"])]
                     + [v.get(c) for c in extra])
     return (f'<p class="lead small">First {len(rows)} rows of <code>{esc(prev["shard"])}</code>, with the score '
-            f"columns the stages added.</p>" + table_html(cols + ["turns", "prompt", "response"] + extra, rows))
+            f"columns the stages added.</p>" + table_html(cols + ["turns", "prompt", "response"] + extra, rows,
+                                                           wide=(4, 5)))
 
 
 def _config(m: dict[str, Any]) -> str:
@@ -306,15 +323,31 @@ def _config(m: dict[str, Any]) -> str:
 
 
 def _training(m: dict[str, Any]) -> str:
+    """What the stages hand to the training runner (priors, weights, offsets, curriculum)."""
     t = m.get("training")
     if not isinstance(t, dict):
-        return f"<pre>{esc(json.dumps(t, ensure_ascii=False, indent=2, default=str))}</pre>"
-    scalars = {k: v for k, v in t.items() if not isinstance(v, list | dict)}
-    rest = {k: v for k, v in t.items() if isinstance(v, list | dict)}
-    out = summary_grid(scalars)
-    if rest:
-        out += f"<pre>{esc(json.dumps(rest, ensure_ascii=False, indent=2, default=str))}</pre>"
-    return out
+        return f"<pre>{esc(yamlish(t))}</pre>"
+    out = []
+    for key, val in t.items():
+        if isinstance(val, dict):
+            scalars = {k: v for k, v in val.items() if not isinstance(v, list | dict)}
+            rest = {k: v for k, v in val.items() if isinstance(v, list | dict)}
+            out.append(f"<h3>{esc(key)}</h3>{summary_grid(scalars)}")
+            # parallel lists of scalars (classes, weights, priors, ...) read best as one table
+            lengths: dict[int, list[str]] = {}
+            for k, v in rest.items():
+                if isinstance(v, list) and len(v) > 1 and all(not isinstance(x, list | dict) for x in v):
+                    lengths.setdefault(len(v), []).append(k)
+            cols = max(lengths.values(), key=len, default=[])
+            if len(cols) >= 2:
+                n = len(rest[cols[0]])
+                out.append(table_html(cols, [[rest[c][i] for c in cols] for i in range(n)]))
+                rest = {k: v for k, v in rest.items() if k not in cols}
+            if rest:
+                out.append(f"<pre>{esc(yamlish(rest))}</pre>")
+        else:
+            out.append(f"<h3>{esc(key)}</h3><pre>{esc(yamlish(val))}</pre>")
+    return "".join(out)
 
 
 def render_html(m: dict[str, Any]) -> str:

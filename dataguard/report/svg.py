@@ -250,7 +250,7 @@ def meter(value: float, vmax: float, width: int = 120, color: str = "#ef4444") -
             f'<rect width="{_f(w)}" height="10" rx="2" fill="{color}"/></svg>')
 
 
-SHARE_COLORS = ("#ef4444", "#f97316", "#f59e0b", "#eab308", "#a855f7", "#ec4899", "#14b8a6", "#64748b")
+SHARE_COLORS = ("#ef4444", "#f97316", "#a855f7", "#ec4899", "#14b8a6", "#eab308", "#64748b", "#92400e")
 
 
 def share_bar(segments: Sequence[tuple[str, float, str | None]], width: int = 900) -> str:

@@ -1,7 +1,7 @@
 """Semantic consistency: does the response talk about what the prompt asked?
 
 ``score`` embeds the prompt side (the user turns; system prompts are left out because a
-long generic system prompt would fill the model's 128-token window and say nothing about
+long generic system prompt would fill the model's input window (256 word pieces) and say nothing about
 the row) and the response side (the assistant turns) with a sentence-transformers model
 and stores their cosine similarity as ``consistency_score`` (float32). Rows without user
 text or without an assistant turn (e.g. labelled intents) get NaN and are never flagged.

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.noise.confident import FILTERS, METHODS, RANKINGS, NoiseEstimate, estimate
-from dataguard.noise.crossval import CLASSIFIERS, out_of_sample_probs
+from dataguard.noise.crossval import CLASSIFIERS, out_of_sample_probs, select_C
 from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.embeddings import Embedder, embeddings_for
@@ -95,10 +95,10 @@ class NoiseStage(Stage):
     name = "noise"
     needs_fit = True
 
-    def __init__(self, *, features: str = "both", classifier: str | Any = "logreg", C: float = 10.0,
+    def __init__(self, *, features: str = "both", classifier: str | Any = "sgd", C: float | None = None,
                  folds: int = 5, seed: int = 0, method: str = "cleanlab",
                  filter_by: str = "prune_by_noise_rate", threshold: float = 0.8,
-                 rank_by: str = "self_confidence", probabilities: str | None = None,
+                 rank_by: str = "normalized_margin", probabilities: str | None = None,
                  classes: Sequence[str] | None = None, action: str = "flag",
                  relabel_min_confidence: float = 0.9, label_column: str = "label", text: str = "prompt",
                  embedding_column: str | None = None, embedding_weight: float = 1.0,
@@ -111,8 +111,8 @@ class NoiseStage(Stage):
                                        f"estimator with predict_proba, got {classifier!r}")
         elif not (hasattr(classifier, "fit") and hasattr(classifier, "predict_proba")):
             raise StageConfigError(f"classifier must have fit() and predict_proba(), got {classifier!r}")
-        if not _is_number(C) or C <= 0:
-            raise StageConfigError(f"C must be a positive number, got {C!r}")
+        if C is not None and (not _is_number(C) or C <= 0):
+            raise StageConfigError(f"C must be a positive number or None (choose by CV), got {C!r}")
         if not _is_int(folds) or folds < 2:
             raise StageConfigError(f"folds must be an integer >= 2, got {folds!r}")
         if not _is_int(seed) or seed < 0:
@@ -148,7 +148,8 @@ class NoiseStage(Stage):
             raise StageConfigError(f"embedding_weight must be a positive number, got {embedding_weight!r}")
         self.features = features
         self.classifier = classifier
-        self.C = float(C)
+        self.C = None if C is None else float(C)
+        self._chosen_C: float | None = None
         self.folds = folds
         self.seed = seed
         self.method = method
@@ -254,6 +255,10 @@ class NoiseStage(Stage):
             parts = [s.embeddings for s in summaries if s.embeddings is not None and len(s.embeddings)]
             emb = np.concatenate(parts) if parts else np.zeros((0, self.embedder.dimension), np.float32)
         X = combine(tfidf, emb, embedding_weight=self.embedding_weight)
+        if self.C is None:
+            self._chosen_C, probs = select_C(X, y, k, folds=self.folds, seed=self.seed, classifier=self.classifier)
+            return probs
+        self._chosen_C = self.C
         return out_of_sample_probs(X, y, k, folds=self.folds, seed=self.seed, classifier=self.classifier, C=self.C)
 
     def fit(self, summaries: Sequence[NoiseSummary]) -> None:
@@ -408,6 +413,8 @@ class NoiseStage(Stage):
             "threshold": self.threshold if self.method == "threshold" else None,
             "probabilities": "given" if self.probabilities else f"{self.folds}-fold CV, {self.features}, "
                                                                f"{self.classifier if isinstance(self.classifier, str) else type(self.classifier).__name__}",
+            "C": self._chosen_C,
+            "rank_by": self.rank_by,
             "cv_accuracy_vs_given": None if r["accuracy"] is None else round(r["accuracy"], 4),
             "label_issues": r["n_issues"],
             "issue_rate": round(r["n_issues"] / r["n"], 4) if r["n"] else 0.0,

