@@ -12,7 +12,7 @@ install-dev:
 	bash scripts/install_chromium.sh
 
 demo: install
-	dataguard run pipelines/sft.yaml --output out/sft --report reports/sft.html
+	$(PYTHON) -m dataguard run pipelines/sft.yaml
 
 test: install-dev
 	$(PYTHON) -m ruff check dataguard tests benchmarks

@@ -117,6 +117,7 @@ details.sample .rec{margin:8px 0 4px 16px}
 .ex .txt{white-space:pre-wrap;word-break:break-word;font-size:13px;background:#fafafa;border-radius:6px;padding:8px 10px;max-height:320px;overflow:auto}
 mark{background:#fde68a;color:inherit;border-radius:2px;padding:0 1px;box-shadow:0 0 0 1px #f59e0b inset}
 .ex .note{font-size:12.5px;margin-top:6px}
+details.more>summary{font-size:13px;color:var(--accent);margin:0 0 10px}
 .textblock{white-space:pre-wrap}
 table.heat{width:auto;border-collapse:separate;border-spacing:1px;font-size:11px}
 table.heat th{background:none;font-weight:500;color:#4b5563;white-space:nowrap;padding:2px 5px;position:static}

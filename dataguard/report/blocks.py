@@ -21,6 +21,7 @@ EXAMPLE_TEXT_LIMIT = 2400
 SPAN_CONTEXT = 220
 MAX_BAR_LABELS = 120
 DENSE_MATRIX = 24
+EXAMPLES_SHOWN = 4
 _SHARE_KEY = re.compile(r"(^|_)(share|fraction|pct_of|rate)(_|$)")
 
 
@@ -261,6 +262,9 @@ def _examples(b: dict) -> str:
             body = row
         note = f'<div class="note">{esc(it["note"])}</div>' if it.get("note") else ""
         out.append(f'<div class="ex"><div class="exhead">{"".join(head)}</div>{body}{note}</div>')
+    if len(out) > EXAMPLES_SHOWN + 1:  # long lists: the first few open, the rest one click away
+        return ("".join(out[:EXAMPLES_SHOWN]) + f'<details class="more"><summary>Show {len(out) - EXAMPLES_SHOWN} more '
+                f'examples</summary>{"".join(out[EXAMPLES_SHOWN:])}</details>')
     return "".join(out)
 
 
