@@ -65,7 +65,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,300000,1000000")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--batch-rows", type=int, default=5000)
+    parser.add_argument("--one", nargs=4, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        seconds, peak = run_once(Path(args.one[0]), Path(args.one[1]), int(args.one[2]), int(args.one[3]))
+        print(seconds, peak)
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     print(f"{'rows':>9} {'input MB':>9} {'workers':>7} {'seconds':>8} {'rows/s':>9} {'peak RSS MB':>12}")
@@ -75,11 +81,9 @@ def main() -> None:
             size = build_input(input_path, rows)
             for w in workers:
                 # each measurement in its own interpreter so ru_maxrss is not carried over
-                code = ("import sys; sys.path.insert(0, %r); from bench_io import run_once; from pathlib import Path; "
-                        "s, m = run_once(Path(%r), Path(%r), %d, %d); print(s, m)") % (
-                    str(Path(__file__).parent), str(input_path), str(Path(tmp) / f"out-{rows}-{w}"), w,
-                    args.batch_rows)
-                res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+                res = subprocess.run([sys.executable, __file__, "--one", str(input_path),
+                                      str(Path(tmp) / f"out-{rows}-{w}"), str(w), str(args.batch_rows)],
+                                     check=True, capture_output=True, text=True)
                 seconds, peak = (float(x) for x in res.stdout.split())
                 print(f"{rows:>9,} {size / 1e6:>9.1f} {w:>7} {seconds:>8.1f} {rows / seconds:>9,.0f} {peak:>12.0f}",
                       flush=True)
