@@ -196,7 +196,7 @@ def part_b(model: dict, env: Path, work: Path, browser: Chromium) -> list[dict]:
 def _table(rows: list[dict]) -> str:
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join("" if r[c] is None else str(round(r[c], 1) if isinstance(r[c], float) else r[c])
+    lines += ["| " + " | ".join("" if r[c] is None else f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c])
                                 for c in cols) + " |" for r in rows]
     return "\n".join(lines)
 

@@ -190,7 +190,7 @@ def test_drop_and_relabel_lose_nothing_and_pass_unlabelled_rows(banking, flagged
         assert row["suggested_label"] is None
     assert drop.describe()["summary"]["dropped"] == rejected.num_rows
 
-    relabel = NoiseStage(probabilities="p", action="relabel", relabel_min_confidence=0.6)
+    relabel = NoiseStage(probabilities="p", action="relabel", relabel_min_confidence=0.5)
     out, rej = _run(relabel, table)
     assert rej.num_rows == 0 and out.num_rows == table.num_rows
     original = np.asarray(out.column("original_label").to_pylist(), dtype=object)
@@ -204,8 +204,8 @@ def test_drop_and_relabel_lose_nothing_and_pass_unlabelled_rows(banking, flagged
     assert np.array_equal(new[changed], np.asarray(out.column("suggested_label").to_pylist(), dtype=object)[changed])
     assert np.array_equal(new[~changed], given[~changed])
     row_probs = probs[changed]  # ... and only where the suggestion is confident
-    assert (row_probs.max(axis=1) >= 0.6).all()
-    confident_issues = np.array([bool(issue[i]) and probs[i].max() >= 0.6 and probs[i].argmax()
+    assert (row_probs.max(axis=1) >= 0.5).all()
+    confident_issues = np.array([bool(issue[i]) and probs[i].max() >= 0.5 and probs[i].argmax()
                                  != relabel.classes_.index(given[i]) for i in range(len(given))
                                  if given[i] is not None])
     assert changed.sum() == confident_issues.sum()

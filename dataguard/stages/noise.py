@@ -100,7 +100,7 @@ class NoiseStage(Stage):
                  filter_by: str = "prune_by_noise_rate", threshold: float = 0.8,
                  rank_by: str = "normalized_margin", probabilities: str | None = None,
                  classes: Sequence[str] | None = None, action: str = "flag",
-                 relabel_min_confidence: float = 0.9, label_column: str = "label", text: str = "prompt",
+                 relabel_min_confidence: float = 0.5, label_column: str = "label", text: str = "prompt",
                  embedding_column: str | None = None, embedding_weight: float = 1.0,
                  model: str | None = None, batch_size: int = 64, threads: int | None = None) -> None:
         if features not in FEATURE_KINDS:

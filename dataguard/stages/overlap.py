@@ -620,11 +620,10 @@ class OverlapStage(Stage):
             "exact_count": 0,
             "near_count": 0,
         }
-        texts = None
-        for r in example_rows.tolist():
-            if texts is None:
-                texts = _row_parts(batch, self.roles)
-            stats["examples"].append(self._example(ids[r], texts[r], spans.get(r, {}), m, r))
+        if len(example_rows):
+            parts = _row_parts(batch.take(pa.array(example_rows)), self.roles)  # only these rows
+            for r, row_parts in zip(example_rows.tolist(), parts, strict=True):
+                stats["examples"].append(self._example(ids[r], row_parts, spans.get(r, {}), m, r))
         val_set = self._val_set()
         if val_set >= 0:
             train = ~is_val

@@ -147,9 +147,11 @@ def normalize_joined(texts: Sequence[str], cfg: NormalizeConfig, collapse: bool 
     ``str.lower`` and the Unicode punctuation table, one by one.
     """
     texts = [t if t.isascii() else _prepare_non_ascii(t, cfg) for t in texts]
-    big = _SEP + _SEP.join(texts)
+    # with whitespace folding every document gets one leading space (see _collapse_spaces)
+    sep = _SEP + " " if cfg.whitespace else _SEP
+    big = sep + sep.join(texts)
     if big.count(_SEP) != len(texts):  # a text holds NUL itself: treat it as whitespace
-        big = _SEP + _SEP.join(t.replace(_SEP, " ") for t in texts)
+        big = sep + sep.join(t.replace(_SEP, " ") for t in texts)
     buf = np.frombuffer(big.encode("utf-8"), dtype=np.uint8)
     buf = _lut_for(cfg)[buf]
     if cfg.whitespace and collapse:  # word mode splits on any whitespace run: no need
@@ -171,24 +173,22 @@ def _prepare_non_ascii(text: str, cfg: NormalizeConfig) -> str:
 
 
 def _collapse_spaces(buf: np.ndarray) -> np.ndarray:
-    """One space between words, exactly one space after each separator, none before one."""
+    """One space between words, none at the end of a document.
+
+    Every separator is followed by the space ``normalize_joined`` put there, so after
+    dropping each space that follows a space (runs -> one) and each space that precedes a
+    separator or the end, every non-empty document reads ``\\x00 word word``.
+    """
     is_space = buf == _SPACE
-    prev_sep_or_space = np.empty_like(is_space)
-    prev_sep_or_space[0] = True
-    prev_sep_or_space[1:] = is_space[:-1] | (buf[:-1] == 0)
-    out = buf[~(is_space & prev_sep_or_space)]  # runs -> one space, none after a separator
+    drop = np.zeros(len(buf), dtype=bool)
+    drop[1:] = is_space[1:] & is_space[:-1]
+    out = buf[~drop]
     is_space = out == _SPACE
-    next_sep = np.empty_like(is_space)
+    before_sep = np.zeros(len(out), dtype=bool)
     if len(out):
-        next_sep[-1] = True
-        next_sep[:-1] = out[1:] == 0
-    out = out[~(is_space & next_sep)]  # no space before a separator or at the end
-    # insert one space after every separator that is followed by a word
-    sep_pos = np.flatnonzero(out == 0)
-    followed = sep_pos + 1 < len(out)
-    followed[followed] = out[sep_pos[followed] + 1] != 0
-    ins = sep_pos[followed] + 1
-    return np.insert(out, ins, np.uint8(_SPACE))
+        before_sep[-1] = True
+        before_sep[:-1] = out[1:] == 0
+    return out[~(is_space & before_sep)]
 
 
 def normalize_batch(texts: Sequence[str], cfg: NormalizeConfig) -> list[str]:
