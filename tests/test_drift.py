@@ -54,8 +54,9 @@ def test_banking77_train_vs_test_is_stable_and_text_is_indistinguishable(banking
         assert st.results[col]["verdict"] == "stable", (col, st.results[col])
     assert st.results["label"]["psi"] == pytest.approx(0.0748, abs=1e-3)
     assert st.text_auc is not None and st.text_auc < 0.6 and st.text_verdict() == "stable"
-    # a different domain (CLINC150 vs banking77): the text classifier separates them easily
-    other = DriftStage(reference=banking["test"], columns=[], categorical=[], text=True, text_sample=250)
+    # a different domain (CLINC150 vs banking77): the text classifier separates them easily (the
+    # reference sample is a prefix of the one above - same seed, smaller k - so it is not re-embedded)
+    other = DriftStage(reference=banking["test"], columns=[], categorical=[], text=True, text_sample=100)
     _run(other, clinc)
     assert other.text_auc > 0.9 and other.text_verdict() == "major"
     d = st.describe()

@@ -224,16 +224,17 @@ def test_empty_batch_gets_same_columns(flagged):
         assert kept.schema.field(name).type == typ
 
 
+@pytest.mark.slow  # loads MiniLM: ~10 s idle, ~45 s on a loaded 2-core box; the rest of the file uses TF-IDF
 def test_default_stage_with_embeddings_describes_and_pickles(banking):
     """The defaults (embedding + TF-IDF views, logistic regression) on a small slice."""
     pick = np.concatenate([np.flatnonzero(banking["true"] == c)[:25] for c in range(3)])
     small = banking["table"].take(pa.array(pick))
-    noisy = banking["noisy"][pick]
     stage = NoiseStage(threads=1)
     kept, _ = _run(stage, small, batch=40)
     # the out-of-sample model separates these intents: it agrees with most given labels
     assert stage.describe()["summary"]["cv_accuracy_vs_given"] > 0.7
-    assert (np.asarray(kept.column("suggested_label").to_pylist()) == np.asarray(stage.classes_)[noisy]).mean() > 0.7
+    given = np.asarray(small.column("label").to_pylist())
+    assert (np.asarray(kept.column("suggested_label").to_pylist()) == given).mean() > 0.7
     blob = pickle.dumps(stage)  # a fitted stage ships to workers without the model
     assert len(blob) < 2_000_000 and pickle.loads(blob).apply(small).kept.equals(stage.apply(small).kept)
     desc = stage.describe()

@@ -137,7 +137,8 @@ def test_kto_labels_and_fastchat_ids(shared_data: Path) -> None:
     assert Counter(kto.column("label").to_pylist()) == {"true": 150, "false": 150}
     fc_records = load_records(shared_data / "sharegpt_fastchat_dummy/dummy_conversation.json")
     fc = run(fc_records, source="fastchat").kept
-    assert fc.column("id").to_pylist() == [f"fastchat/{r['id']}" for r in fc_records]
+    assert fc.column("id").to_pylist() == [f"fastchat:{i}" for i in range(len(fc_records))]
+    assert [json.loads(m)["source_id"] for m in fc.column("meta").to_pylist()] == [r["id"] for r in fc_records]
 
 
 def test_banking77_csv_is_labelled_text(shared_data: Path) -> None:
@@ -280,8 +281,8 @@ def test_duplicate_own_ids_stay_unique() -> None:
     recs = [{"id": "a", "prompt": "p", "completion": "c"}, {"id": "a", "prompt": "q", "completion": "d"},
             {"id": 7, "prompt": "r", "completion": "e"}]
     kept = run(recs, source="s").kept.to_pylist()
-    assert [r["id"] for r in kept] == ["s/a", "s:1", "s/7"]
-    assert json.loads(kept[1]["meta"])["source_id"] == "a"
+    assert [r["id"] for r in kept] == ["s:0", "s:1", "s:2"]
+    assert [json.loads(r["meta"])["source_id"] for r in kept] == ["a", "a", "7"]
 
 
 @pytest.mark.parametrize(("text", "found"), [

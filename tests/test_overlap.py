@@ -348,3 +348,24 @@ def test_pipeline_end_to_end_with_validation_split(tmp_path, alpaca, items):
     assert summary["cross_split_exact_duplicates"] >= 3
     assert summary["validation_rows_found_in_train"] >= 3
     assert result.manifest["stages"][-1]["reasons"].get("contamination", 0) == summary["rows_dropped"]
+
+
+def test_token_ids_reused_from_an_earlier_tokenizing_stage(planted):
+    """With normalisation off the scan tokenizes exactly the message texts, so ids an
+    earlier stage put in the per-process cache are reused instead of recomputed."""
+    from dataguard.text import tokenizers as tk
+
+    stage = OverlapStage(references=["gsm8k_test", "humaneval"], mode="token", normalize=False)
+    stage.fit([])
+    rows = [r for r in planted if _kind(r) in ("verbatim", "clean")]
+    contents = [m["content"] for r in rows for m in r["messages"]]
+    tok = tk.get_tokenizer()
+    tk.clear_token_cache(4_000_000)
+    tok.encode_batch(contents)  # the earlier stage
+    before = tk.token_cache_info()[tok.name]
+    out = stage.apply(canonical_table(rows)).kept.to_pylist()
+    after = tk.token_cache_info()[tok.name]
+    assert after["misses"] == before["misses"] and after["hits"] - before["hits"] >= len(contents)
+    verbatim = [r for r in out if _kind(r) == "verbatim" and json.loads(r["meta"])["set"] in ("gsm8k_test", "humaneval")]
+    assert verbatim and all(r["contaminated"] for r in verbatim)
+    assert not any(r["contaminated"] for r in out if _kind(r) == "clean")

@@ -23,21 +23,22 @@ Why median - 3 robust SDs: measured with all-MiniLM-L6-v2 on real rows from
 /work/shared/data, comparing each row's real pair with a mismatched pair (every response
 shifted to the next row's prompt), via ``benchmarks/bench_consistency.py``:
 
-    ==========================  ===  ======  =====  ===========  ===========  ==============
-    data (rows)                 n    real    real   mismatched   real rows    mismatched rows
-                                     median  MAD*   median       flagged k=3  flagged k=3
-    ==========================  ===  ======  =====  ===========  ===========  ==============
-    alpaca_en_demo              999  0.693   0.150  0.039        2.1 %        97.3 %
-    gpteacher toolformer 0.6    600  0.587   0.102  0.106        2.3 %        89.2 %
-    glaive toolcall (ShareGPT)  300  0.686   0.120  0.056        1.0 %        97.3 %
-    kto_en_demo (messages)      300  0.684   0.158  0.039        5.0 %        95.3 %
-    dpo_en_demo (ShareGPT)      300  0.709   0.153  0.025        5.3 %        98.3 %
-    fastchat dummy (identity)   500  0.268   0.073  0.230        0.0 %         3.6 %
-    ==========================  ===  ======  =====  ===========  ===========  ==============
+    ==========================  ===  ======  =====  ==========  =====  ===========  ==========
+    data                        n    real    real   mismatched  rank   real rows    mismatched
+                                     median  RSD*   median      AUC    flagged k=3  flagged k=3
+    ==========================  ===  ======  =====  ==========  =====  ===========  ==========
+    alpaca_en_demo              999  0.693   0.150  0.036       0.998  2.1 %        97.4 %
+    gpteacher toolformer 0.6    600  0.587   0.102  0.102       0.990  2.3 %        91.0 %
+    glaive toolcall (ShareGPT)  300  0.686   0.120  0.050       0.995  1.0 %        95.7 %
+    kto_en_demo (messages)      300  0.684   0.158  0.030       0.988  5.0 %        95.3 %
+    dpo_en_demo (ShareGPT)      300  0.709   0.153  0.034       0.991  5.3 %        98.0 %
+    fastchat dummy (identity)   500  0.268   0.073  0.205       0.724  0.0 %         1.4 %
+    ==========================  ===  ======  =====  ==========  =====  ===========  ==========
 
-    (* MAD scaled by 1.4826, i.e. a robust standard deviation.) k = 2 / 2.5 flag 8-13 % /
-    4-8 % of the real rows for 97-100 % / 95-99 % of the mismatched ones: k = 3 keeps the
-    loss of real data to a few percent while still catching ~90-98 % of mismatches.
+    (* robust SD = 1.4826 x MAD; the cut is computed from the real rows' distribution.)
+    Excluding FastChat, k = 2 / 2.5 flag 8-13 % / 4-8 % of the real rows for 98-100 % /
+    95-99 % of the mismatched ones: k = 3 keeps the loss of real data at 1-5 % while still
+    catching 91-98 % of mismatches.
     The FastChat identity set shows the limit: short canned answers ("I am Vicuna...") to
     "Who are you?" are barely closer to their own prompt than to another, so the check has
     no power there, and the relative cut then flags (almost) nothing rather than

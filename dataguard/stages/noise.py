@@ -169,8 +169,15 @@ class NoiseStage(Stage):
         except ValueError as exc:
             raise StageConfigError(f"model/batch_size/threads: {exc}") from exc
         self._fitted = False
+        self._probs: np.ndarray | None = None
         self._stats = NoiseStats()
         self._report: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Workers need the per-row verdicts, not the (rows x classes) probability matrix."""
+        state = dict(self.__dict__)
+        state["_probs"] = None
+        return state
 
     # -- config helpers ---------------------------------------------------------------
     @property
@@ -291,8 +298,8 @@ class NoiseStage(Stage):
     @property
     def oof_probs(self) -> np.ndarray:
         """The (labelled rows, classes) probabilities fit used, rows in input order."""
-        if not self._fitted:
-            raise RuntimeError("noise stage: not fitted")
+        if not self._fitted or self._probs is None:
+            raise RuntimeError("noise stage: not fitted here (probabilities stay in the driver)")
         return self._probs
 
     @property

@@ -35,10 +35,9 @@ field wins over one already there, whose value is kept in meta as ``"<name>:shad
 A record's ``label`` (string, integer or boolean, e.g. KTO's desirable flag) becomes the
 ``label`` column as a string (booleans as ``"true"``/``"false"``). Fields that have no
 column go into ``meta`` as deterministic JSON; null-valued fields carry nothing and are
-dropped. The id is ``"<source>/<record id>"`` when the record has an ``id`` (unique within
-its batch), else ``RawBatch.row_id`` (``"<source>:<position>"``); the two spellings cannot
-collide. A record id repeated within a batch falls back to the positional id for the later
-rows (the given id stays in ``meta["source_id"]``); repeats across batches are not detected.
+dropped. The id is always ``RawBatch.row_id`` (``"<source>:<position>"``), unique across
+the whole run by construction (source names are unique, positions are file order) even
+when a file repeats its own ids; a record's own ``id`` is kept in ``meta["source_id"]``.
 
 Checks on conversational formats, with their reason codes:
 
@@ -500,7 +499,6 @@ class Normalizer(Stage):
         aliases_applied: Counter[str] = Counter()
         mapped_rows: list[tuple[int, _Mapped, str | None]] = []
         rejects: list[dict[str, Any]] = []
-        own_ids: Counter[str] = Counter()
         for i in range(len(batch)):
             error = batch.errors[i]
             if error is not None:
@@ -520,22 +518,16 @@ class Normalizer(Stage):
                 mapped = _map_record(rec, options)
                 _check(mapped, self.allowed_roles, self.check_placeholders)
             except _Reject as r:
-                rid = f"{source}/{own_id}" if own_id is not None and own_ids[own_id] == 0 else batch.row_id(i)
-                if own_id is not None:
-                    own_ids[own_id] += 1
-                rejects.append({"id": rid, "reason": r.reason, "detail": r.detail,
+                rejects.append({"id": batch.row_id(i), "reason": r.reason, "detail": r.detail,
                                 "record": json_dumps(batch.records[i])})
                 continue
             if own_id is not None:
-                own_ids[own_id] += 1
-                if own_ids[own_id] > 1:
-                    mapped.meta["source_id"] = own_id
-                    own_id = None
+                mapped.meta["source_id"] = own_id
             if mapped.call_turns:
                 mapped.meta["call_turns"] = mapped.call_turns
             mapped_rows.append((i, mapped, own_id))
 
-        ids = [f"{source}/{own}" if own is not None else batch.row_id(i) for i, _, own in mapped_rows]
+        ids = [batch.row_id(i) for i, _, _ in mapped_rows]
         n = len(mapped_rows)
         kept = pa.Table.from_arrays(
             [
