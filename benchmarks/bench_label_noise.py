@@ -116,7 +116,7 @@ def part_news(args: argparse.Namespace, embedder: Embedder) -> dict[str, np.ndar
     kept, _, secs = run_stage(ref, table)
     mask = np.asarray(kept.column("is_label_issue").to_pylist(), bool)
     q = np.asarray(kept.column("label_quality").to_pylist())
-    rows.append(["cleanlab published pyx (reference)", "-", f"{(ref.oof_probs.argmax(1) == news['y']).mean():.3f}",
+    rows.append(["cleanlab published pyx (reference)", ref.rank_by, f"{(ref.oof_probs.argmax(1) == news['y']).mean():.3f}",
                  hits_at_budget(q, news["errors"], budget), f"{mask.sum()} / {len(news['errors'] & set(np.flatnonzero(mask).tolist()))}",
                  f"{secs:.0f}"])
     for features in args.news_features.split(","):

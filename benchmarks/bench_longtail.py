@@ -202,6 +202,7 @@ def run_seed(name: str, data: tuple, emb_train: np.ndarray, emb_test: np.ndarray
 
 
 def main() -> None:
+    global WEIGHT_DECAY
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", nargs="+", default=["clinc150", "banking77"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -210,7 +211,6 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    global WEIGHT_DECAY
     WEIGHT_DECAY = args.weight_decay
     torch.set_num_threads(args.threads)
     for name in args.datasets:

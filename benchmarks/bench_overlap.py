@@ -236,7 +236,10 @@ def scaling_table(rows: list[dict], repeat: int) -> list[list]:
     out = []
     for sets in (["gsm8k_test"], ["gsm8k_test", "humaneval", "truthfulqa", "mt_bench"], SETS):
         for mult in (1, 2, 4):
-            big = [dict(r, id=f"{r['id']}#{k}") for k in range(mult) for r in rows]
+            # copies get a distinct tag in every message: the tokenizer dedupes identical texts
+            big = [dict(r, id=f"{r['id']}#{k}", messages=[dict(m, content=f"{m['content']} [{k}]" if k else m["content"])
+                                                           for m in r["messages"]])
+                   for k in range(mult) for r in rows]
             table = canonical_table(big)
             for mode in ("word", "token"):
                 m = Ours(mode, sets)

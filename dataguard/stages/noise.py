@@ -3,10 +3,12 @@
 A row's label can only be judged against the whole labelled set, so this is a fit stage:
 
 * ``summarize`` (workers) returns the batch's ids, labels and what the classifier needs:
-  sentence embeddings (computed here, in parallel; an existing ``prompt_embedding`` column
+  sentence embeddings (computed here, in parallel; an existing ``<text>_embedding`` column
   from an earlier stage is reused), the texts (TF-IDF needs a global vocabulary), or the
   user's own probabilities from a column. Memory in the driver: about 1.5 KiB per row for
-  384-dim embeddings plus the texts for TF-IDF, i.e. ~150 MB for 100k rows.
+  384-dim embeddings plus the texts for TF-IDF, i.e. ~150 MB for 100k rows, plus the
+  (rows x classes) float64 probability matrix (62 MB for 100k rows x 77 classes), which
+  stays in the driver (dropped when the stage is pickled to workers).
 * ``fit`` (driver) builds the features, runs seeded stratified K-fold cross-validation with
   a scikit-learn classifier to get out-of-sample probabilities (or takes the user's from a
   column / ``.npy`` file), then runs confident learning through cleanlab: per-class
@@ -19,6 +21,14 @@ A row's label can only be judged against the whole labelled set, so this is a fi
   ``label_issue``; ``relabel`` replaces the label of an issue by the suggested one only when
   the model gives it probability >= ``relabel_min_confidence``, and records the label it
   replaced in ``original_label`` (null on rows it did not change).
+
+Defaults are measured (benchmarks/bench_label_noise.py): one-vs-rest SGD logistic models
+rank label errors better than multinomial logistic regression on both banking77 and 20
+Newsgroups; ``C=None`` picks the regularisation from (1, 10, 100) by cross-validated
+agreement with the given labels (short intents want ~1, long posts ~100); the
+``normalized_margin`` ranking beats ``self_confidence`` on both; 0.5 is the relabel bar
+(the suggestion outweighs all other classes together; 98% of such relabels were right on
+banking77 at 20% noise).
 
 Probabilities handed in as a ``.npy`` file must have one row per row reaching this stage,
 in input order, with columns in ``classes`` order (default: the sorted distinct labels).
