@@ -21,6 +21,12 @@ plain CE; and, as a ceiling, plain CE on the full
 balanced training split. Reported: balanced accuracy on the test split (mean +- std over
 seeds), plus accuracy on the head third and the tail third of the classes by rank.
 
+Why "logit-adjusted loss" and "post-hoc adjustment" coincide here: for a linear model
+whose bias is not penalised, CE(Wx + b + tau log pi) is plain CE(Wx + b') with
+b' = b + tau log pi, so training converges to the same W and to b = b'_plain - tau log pi,
+which is exactly the post-hoc adjusted plain model. The two differ only when the offsets
+cannot be absorbed (penalised bias, deep nets stopped early), as in Menon et al.
+
 Run (from scratch; embeddings are cached in /work/cache-tail/ or $DATAGUARD_BENCH_CACHE):
 
     python benchmarks/bench_longtail.py            # both datasets, seeds 0 1 2
