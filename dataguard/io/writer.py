@@ -9,7 +9,6 @@ leaves one behind.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from dataguard.io.readers import file_sha256 as sha256_file
 
 # Record batches inside a shard are cut at this many rows so that shards are laid out
 # the same way whatever batch sizes the pipeline used upstream (byte-identical output).
@@ -70,14 +71,6 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         else:
             columns.append(pa.nulls(table.num_rows, field.type))
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class ShardWriter:
