@@ -226,7 +226,7 @@ def test_empty_batch_gets_same_columns(flagged):
 
 @pytest.mark.slow  # loads MiniLM: ~10 s idle, ~45 s on a loaded 2-core box; the rest of the file uses TF-IDF
 def test_default_stage_with_embeddings_describes_and_pickles(banking):
-    """The defaults (embedding + TF-IDF views, logistic regression) on a small slice."""
+    """The defaults (MiniLM embeddings, SGD logistic, C chosen by CV) on a small slice."""
     pick = np.concatenate([np.flatnonzero(banking["true"] == c)[:25] for c in range(3)])
     small = banking["table"].take(pa.array(pick))
     stage = NoiseStage(threads=1)

@@ -22,7 +22,11 @@ A row's label can only be judged against the whole labelled set, so this is a fi
   the model gives it probability >= ``relabel_min_confidence``, and records the label it
   replaced in ``original_label`` (null on rows it did not change).
 
-Defaults are measured (benchmarks/bench_label_noise.py): one-vs-rest SGD logistic models
+Defaults are measured (benchmarks/bench_label_noise.py). Features: MiniLM embeddings for
+short texts such as intents (banking77 20% noise, detection F1 0.857 embedding vs 0.770
+TF-IDF vs 0.815 both, logistic regression); but MiniLM reads only 128 tokens, so for long
+documents use ``features="tfidf"`` (20 Newsgroups: 59 of 82 confirmed errors in the worst
+2% with TF-IDF, 36 with both, 18 with embeddings). Classifier: one-vs-rest SGD logistic models
 rank label errors better than multinomial logistic regression on both banking77 and 20
 Newsgroups; ``C=None`` picks the regularisation from (1, 10, 100) by cross-validated
 agreement with the given labels (short intents want ~1, long posts ~100); the
@@ -105,7 +109,7 @@ class NoiseStage(Stage):
     name = "noise"
     needs_fit = True
 
-    def __init__(self, *, features: str = "both", classifier: str | Any = "sgd", C: float | None = None,
+    def __init__(self, *, features: str = "embedding", classifier: str | Any = "sgd", C: float | None = None,
                  folds: int = 5, seed: int = 0, method: str = "cleanlab",
                  filter_by: str = "prune_by_noise_rate", threshold: float = 0.8,
                  rank_by: str = "normalized_margin", probabilities: str | None = None,
