@@ -131,6 +131,14 @@ def reject_rows(table: pa.Table, mask: Sequence[bool] | pa.Array, stage: str,
     )
 
 
+def set_column(table: pa.Table, field: str | pa.Field, values: pa.Array) -> pa.Table:
+    """Replace a column in place (keeping its position) or append it: how stages add scores."""
+    name = field.name if isinstance(field, pa.Field) else field
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), field, values)
+    return table.append_column(field, values)
+
+
 def message_texts(table: pa.Table, roles: Iterable[str]) -> list[str]:
     """Join the contents of the messages with the given roles, one string per row.
 

@@ -59,7 +59,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts, reject_rows
+from dataguard.records import message_texts, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.embeddings import Embedder, embedding_field, embeddings_for, to_arrow
 
@@ -173,11 +173,11 @@ class ConsistencyStage(Stage):
             emb_r[idx] = embeddings_for(sub, RESPONSE_COLUMN, [responses[i] for i in idx], self.embedder)
         scores = np.einsum("ij,ij->i", emb_p, emb_r).astype(np.float32)
         scores[~valid] = np.nan
-        out = _set_column(batch, pa.field("consistency_score", pa.float32()), pa.array(scores, pa.float32()))
+        out = set_column(batch, pa.field("consistency_score", pa.float32()), pa.array(scores, pa.float32()))
         if self.keep_embeddings:
             model_id = self.embedder.model_id
-            out = _set_column(out, embedding_field(PROMPT_COLUMN, dim, model_id), to_arrow(np.nan_to_num(emb_p), valid))
-            out = _set_column(out, embedding_field(RESPONSE_COLUMN, dim, model_id),
+            out = set_column(out, embedding_field(PROMPT_COLUMN, dim, model_id), to_arrow(np.nan_to_num(emb_p), valid))
+            out = set_column(out, embedding_field(RESPONSE_COLUMN, dim, model_id),
                               to_arrow(np.nan_to_num(emb_r), valid))
         return out
 
@@ -213,7 +213,7 @@ class ConsistencyStage(Stage):
         scores = _scores(batch)
         with np.errstate(invalid="ignore"):
             flag = np.isfinite(scores) & (scores < self.cut)
-        out = _set_column(batch, pa.field("consistency_flag", pa.bool_()), pa.array(flag, pa.bool_()))
+        out = set_column(batch, pa.field("consistency_flag", pa.bool_()), pa.array(flag, pa.bool_()))
         stats = {"rows": batch.num_rows, "flagged": int(flag.sum()), "no_score": int((~np.isfinite(scores)).sum()),
                  "examples": self._examples(batch, scores, flag)}
         if self.action == "drop" and flag.any():
@@ -285,7 +285,3 @@ def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
 
 
-def _set_column(table: pa.Table, field: pa.Field, values: pa.Array) -> pa.Table:
-    if field.name in table.column_names:
-        return table.set_column(table.column_names.index(field.name), field, values)
-    return table.append_column(field, values)

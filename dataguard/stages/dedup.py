@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import reject_rows
+from dataguard.records import reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 
 ACTIONS = ("flag", "drop")
@@ -101,7 +101,7 @@ class DedupStage(Stage):
 
     def score(self, batch: pa.Table) -> pa.Table:
         hashes = content_hashes(batch, self.scope)
-        return _set_column(batch, "content_hash", pa.array(hashes, pa.uint64()))
+        return set_column(batch, "content_hash", pa.array(hashes, pa.uint64()))
 
     def summarize(self, batch: pa.Table) -> DedupSummary:
         hashes = batch.column("content_hash").to_numpy()
@@ -134,8 +134,8 @@ class DedupStage(Stage):
         first = self._first[pos] if len(pos) else np.zeros(0, dtype=object)
         dup = first != ids
         dup_of = [f if d else None for f, d in zip(first.tolist(), dup.tolist(), strict=True)]
-        out = _set_column(batch, "is_duplicate", pa.array(dup, pa.bool_()))
-        out = _set_column(out, "duplicate_of", pa.array(dup_of, pa.string()))
+        out = set_column(batch, "is_duplicate", pa.array(dup, pa.bool_()))
+        out = set_column(out, "duplicate_of", pa.array(dup_of, pa.string()))
         examples = [{"id": i, "duplicate_of": f, "text": _snippet(t)}
                     for i, f, t in zip(ids[dup][:MAX_EXAMPLES].tolist(), first[dup][:MAX_EXAMPLES].tolist(),
                                        _texts(batch.filter(pa.array(dup))[:MAX_EXAMPLES]), strict=True)]
@@ -193,8 +193,3 @@ def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
 
 
-def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
-    """Append or replace a column (re-running a stage must not duplicate its columns)."""
-    if name in table.column_names:
-        return table.set_column(table.column_names.index(name), name, values)
-    return table.append_column(name, values)

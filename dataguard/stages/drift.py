@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import empty_rejected, message_texts, reject_rows
+from dataguard.records import empty_rejected, message_texts, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stats.features import has_feature, numeric_feature
 from dataguard.stats.hashing import hash64
@@ -71,7 +71,6 @@ from dataguard.stats.repeat import (
     draw_repeat,
     multiplicity,
     weighted_value_counts,
-    with_column,
 )
 
 REASON_RESAMPLED_OUT = "drift_resampled_out"
@@ -385,7 +384,7 @@ class DriftStage(Stage):
         w = self._weights(batch) if (self.ratios or self.cat_ratios) else np.ones(n)
         drift_weight = w if self.correct == "importance_weights" else np.ones(n)
         # a second drift stage (another reference) replaces the column rather than duplicating it
-        scored = with_column(batch, "drift_weight", pa.array(drift_weight.astype(np.float32), pa.float32()))
+        scored = set_column(batch, "drift_weight", pa.array(drift_weight.astype(np.float32), pa.float32()))
         rejected = empty_rejected()
         kept = scored
         if self.correct == "resample":
@@ -394,7 +393,7 @@ class DriftStage(Stage):
             else:  # nothing to correct: keep the current multiplicity
                 base = multiplicity(batch)
                 k = np.ones(n, dtype=np.int64) if base is None else base.astype(np.int64)
-            scored = with_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
+            scored = set_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
             out = k == 0
             if out.any():
                 details = [f"drift resampling toward the reference on {self.corrected!r}: "

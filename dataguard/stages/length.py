@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import MESSAGES_TYPE, reject_rows
+from dataguard.records import MESSAGES_TYPE, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.histogram import IntHistogram, report_edges
 from dataguard.text.tokenizers import Tokenizer, get_tokenizer
@@ -64,10 +64,6 @@ def _messages_arrays(batch: pa.Table) -> tuple[np.ndarray, list[str], list[str]]
     contents = [c or "" for c in flat.field("content").to_pylist()]
     return offsets, roles, contents
 
-
-def _set(table: pa.Table, name: str, arr: pa.Array) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    return table.set_column(i, name, arr) if i >= 0 else table.append_column(name, arr)
 
 
 class LengthStage(Stage):
@@ -155,8 +151,8 @@ class LengthStage(Stage):
         offsets, roles, contents = _messages_arrays(batch)
         counts, totals = self._count(offsets, roles, contents)
         per_msg = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(counts.astype(np.int32)))
-        batch = _set(batch, "message_tokens", per_msg.cast(pa.list_(pa.int32())))
-        return _set(batch, "n_tokens", pa.array(totals.astype(np.int32), pa.int32()))
+        batch = set_column(batch, "message_tokens", per_msg.cast(pa.list_(pa.int32())))
+        return set_column(batch, "n_tokens", pa.array(totals.astype(np.int32), pa.int32()))
 
     # -- fit -------------------------------------------------------------------------------
     def summarize(self, batch: pa.Table) -> IntHistogram:
@@ -228,12 +224,12 @@ class LengthStage(Stage):
                     stats.examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
                                            "after": int(tokens_after[i]), "turns_before": int(offsets[i + 1] - offsets[i]),
                                            "turns_after": len(msgs)})
-            batch = _set(batch, "messages", pa.array(msgs_py, MESSAGES_TYPE))
-            batch = _set(batch, "message_tokens", pa.array(per_msg_py, pa.list_(pa.int32())))
-            batch = _set(batch, "n_tokens", pa.array(tokens_after.astype(np.int32), pa.int32()))
-        batch = _set(batch, "truncated", pa.array(truncated, pa.bool_()))
-        batch = _set(batch, "tokens_before", pa.array(tokens_before.astype(np.int32), pa.int32()))
-        batch = _set(batch, "tokens_after", pa.array(tokens_after.astype(np.int32), pa.int32()))
+            batch = set_column(batch, "messages", pa.array(msgs_py, MESSAGES_TYPE))
+            batch = set_column(batch, "message_tokens", pa.array(per_msg_py, pa.list_(pa.int32())))
+            batch = set_column(batch, "n_tokens", pa.array(tokens_after.astype(np.int32), pa.int32()))
+        batch = set_column(batch, "truncated", pa.array(truncated, pa.bool_()))
+        batch = set_column(batch, "tokens_before", pa.array(tokens_before.astype(np.int32), pa.int32()))
+        batch = set_column(batch, "tokens_after", pa.array(tokens_after.astype(np.int32), pa.int32()))
 
         reject_mask = np.array([r is not None for r in reasons], dtype=bool)
         rej_idx = np.flatnonzero(reject_mask)

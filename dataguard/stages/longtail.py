@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import empty_rejected, reject_rows
+from dataguard.records import empty_rejected, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stats.logit_adjust import logit_offsets
 from dataguard.stats.repeat import (
@@ -45,7 +45,6 @@ from dataguard.stats.repeat import (
     draw_repeat,
     multiplicity,
     weighted_value_counts,
-    with_column,
 )
 from dataguard.stats.reweighting import (
     WEIGHTINGS,
@@ -167,8 +166,8 @@ class LongTailStage(Stage):
             known = np.zeros(n, dtype=bool)
         weight = np.where(known, self.weights[idx] if len(self.classes) else 1.0, 1.0)
         phase = np.where(known, self.class_phase[idx] if len(self.classes) else 1, 1)
-        scored = with_column(batch, "sample_weight", pa.array(weight.astype(np.float32), pa.float32()))
-        scored = with_column(scored, "curriculum_phase", pa.array(phase.astype(np.int8), pa.int8()))
+        scored = set_column(batch, "sample_weight", pa.array(weight.astype(np.float32), pa.float32()))
+        scored = set_column(scored, "curriculum_phase", pa.array(phase.astype(np.int8), pa.int8()))
 
         rejected = empty_rejected()
         if self.resample is None:
@@ -176,7 +175,7 @@ class LongTailStage(Stage):
         else:
             factor = np.where(known, self.factors[idx] if len(self.classes) else 1.0, 1.0)
             k = draw_repeat(batch, factor, self.seed, "longtail")
-            scored = with_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
+            scored = set_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
             out_mask = k == 0
             if out_mask.any():
                 lab = np.array(labels.to_pylist(), dtype=object)[out_mask]

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 
 from dataguard.noise.confident import FILTERS, METHODS, RANKINGS, NoiseEstimate, estimate
 from dataguard.noise.crossval import CLASSIFIERS, out_of_sample_probs, select_C
-from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts
+from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.embeddings import Embedder, embeddings_for
 from dataguard.text.features import FEATURE_KINDS, combine, tfidf_features
@@ -97,10 +97,6 @@ def _is_int(x: Any) -> bool:
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
-
-def _set(table: pa.Table, name: str, arr: pa.Array) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    return table.set_column(i, name, arr) if i >= 0 else table.append_column(name, arr)
 
 
 class NoiseStage(Stage):
@@ -334,15 +330,15 @@ class NoiseStage(Stage):
         quality = self._quality.take(pos)
         suggested = self._suggested.take(pos)
         issue = self._issue.take(pos)
-        out = _set(batch, "label_quality", quality)
-        out = _set(out, "suggested_label", suggested)
-        out = _set(out, "is_label_issue", issue)
+        out = set_column(batch, "label_quality", quality)
+        out = set_column(out, "suggested_label", suggested)
+        out = set_column(out, "is_label_issue", issue)
         issue_np = pc.fill_null(issue, False).to_numpy(zero_copy_only=False).astype(bool)
         stats = NoiseStats(rows_in=n, labelled=int(pc.sum(pc.is_valid(pos)).as_py() or 0), issues=int(issue_np.sum()))
         if self.action == "relabel":
             change = pc.fill_null(self._relabel.take(pos), False)
-            out = _set(out, self.label_column, pc.if_else(change, suggested, labels))
-            out = _set(out, "original_label", pc.if_else(change, labels, pa.scalar(None, pa.string())))
+            out = set_column(out, self.label_column, pc.if_else(change, suggested, labels))
+            out = set_column(out, "original_label", pc.if_else(change, labels, pa.scalar(None, pa.string())))
             stats.relabelled = int(pc.sum(change).as_py() or 0)
         stats.examples = self._examples(batch, issue_np, pos)
         if self.action == "drop" and issue_np.any():

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import MESSAGES_TYPE, ROLES, reject_rows
+from dataguard.records import MESSAGES_TYPE, ROLES, reject_rows, set_column
 from dataguard.references import DEFAULT_REFERENCES, ReferenceError, ReferenceSpec, parse_specs
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.ngrams import (
@@ -409,7 +409,7 @@ class OverlapStage(Stage):
         }
         table = batch
         for name, col in kept_cols.items():
-            table = _set_column(table, name, col)
+            table = set_column(table, name, col)
         ids = batch.column("id").to_pylist() if n_rows else []
         example_rows = np.flatnonzero(contaminated)[: self.max_examples]
         need_spans = set(example_rows.tolist())
@@ -428,8 +428,8 @@ class OverlapStage(Stage):
             # a contaminated row whose spans could not be located is dropped, not kept as is
             drop = emptied | (contaminated & ~masked)
             masked_col = pa.array(masked, pa.bool_())
-            table = _set_column(table, "overlap_masked", masked_col)
-            original = _set_column(original, "overlap_masked", pa.array(np.zeros(n_rows, bool), pa.bool_()))
+            table = set_column(table, "overlap_masked", masked_col)
+            original = set_column(original, "overlap_masked", pa.array(np.zeros(n_rows, bool), pa.bool_()))
         for r in np.flatnonzero(drop):
             note = ""
             if self.action == "mask":
@@ -765,11 +765,6 @@ class OverlapStage(Stage):
 
 
 # ---------------------------------------------------------------------------------------
-def _set_column(table: pa.Table, name: str, col: pa.Array) -> pa.Table:
-    if name in table.column_names:
-        return table.set_column(table.column_names.index(name), name, col)
-    return table.append_column(name, col)
-
 
 def _row_parts(table: pa.Table, roles: Sequence[str]) -> list[list[tuple[int, str]]]:
     wanted = set(roles)

@@ -38,12 +38,6 @@ def draw_repeat(table: pa.Table, factor: np.ndarray, seed: int, salt: str) -> np
     return copies(expected, uniforms(table.column("id").to_pylist(), seed, salt))
 
 
-def with_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
-    """Replace column ``name`` if present (keeping its position), else append it."""
-    if name in table.column_names:
-        return table.set_column(table.column_names.index(name), name, values)
-    return table.append_column(name, values)
-
 
 def weighted_value_counts(values: pa.Array, weights: np.ndarray | None) -> Counter:
     """Category -> count (or summed weight), vectorised with Arrow; nulls are ``None``."""
