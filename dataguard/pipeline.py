@@ -91,11 +91,14 @@ class RunResult:
 class Pipeline:
     """A normalizer followed by stages; `run` executes it over inputs into a folder.
 
+    ``workers=None`` uses all cores (a spawn-based process pool); ``workers=1`` runs in
+    this process, which is quicker for small inputs and easier to debug.
+
     >>> Pipeline([LengthStage(), QualityStage()]).run([InputSpec(path="a.json")], "out/")
     """
 
     def __init__(self, stages: Sequence[Stage] = (), *, normalizer: Stage | None = None,
-                 workers: int | None = 1, batch_rows: int = DEFAULT_BATCH_ROWS,
+                 workers: int | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
                  shard_rows: int = 100_000, shard_bytes: int | None = None,
                  progress: bool = False, keep_work: bool = False,
                  config: dict[str, Any] | None = None, executor: str = "local",
