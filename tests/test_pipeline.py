@@ -189,3 +189,14 @@ def test_config_errors_name_file_line_and_key(tmp_path: Path, text: str, needle:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert str(config) in result.stderr and needle in result.stderr, result.stderr
+
+
+def test_shards_cut_by_bytes_keep_every_row_in_order(shared_data: Path, tmp_path: Path) -> None:
+    spec = [InputSpec(path=shared_data / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca")]
+    whole = Pipeline([], workers=1).run(spec, tmp_path / "whole")
+    cut = Pipeline([], workers=1, shard_bytes=200_000).run(spec, tmp_path / "cut")
+    files = cut.manifest["outputs"]["data"]
+    assert len(files) >= 3
+    assert all(f["bytes"] < 400_000 for f in files)
+    assert sum(f["rows"] for f in files) == whole.rows_kept == 999
+    assert cut.kept_table().column("id").to_pylist() == whole.kept_table().column("id").to_pylist()
