@@ -200,3 +200,24 @@ def test_shards_cut_by_bytes_keep_every_row_in_order(shared_data: Path, tmp_path
     assert all(f["bytes"] < 400_000 for f in files)
     assert sum(f["rows"] for f in files) == whole.rows_kept == 999
     assert cut.kept_table().column("id").to_pylist() == whole.kept_table().column("id").to_pylist()
+
+
+def test_run_writes_report_by_default_and_report_rebuilds_it(tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text(f"inputs:\n  - path: {REPO / 'sample_data/messages_content_parts.jsonl'}\n"
+                      "stages:\n  - dedup: {action: drop}\nworkers: 1\n")
+    out = tmp_path / "o"
+    run = _cli("run", str(config), "--output", str(out))
+    assert run.returncode == 0, run.stderr
+    html = out / "audit.html"
+    first = html.read_text()
+    assert "unfilled_placeholder" in first and (out / "audit.json").is_file()
+    html.unlink()
+    rebuilt = _cli("report", str(out), "--html", str(tmp_path / "again.html"))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    again = (tmp_path / "again.html").read_text()
+    assert "unfilled_placeholder" in again and "exact_duplicate" not in again  # no dups in this slice
+    stats = json.loads((tmp_path / "again.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert stats["counts"] == manifest["counts"]  # the machine-readable twin sits beside the page
+    assert stats["counts"]["rows_in"] == 250 and stats["nothing_lost"]
