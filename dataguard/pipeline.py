@@ -209,7 +209,7 @@ class Pipeline:
         unit = 0
         for spec in specs:
             options = spec.options()
-            for raw in read_batches(spec, batch_rows=self.batch_rows):
+            for raw in read_batches(spec, batch_rows=self.batch_rows, defer_parse=True):
                 yield UnitTask(unit=unit, out_dir=seg_dir, source=options.name, raw=raw, options=options)
                 unit += 1
 

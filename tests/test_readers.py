@@ -119,3 +119,23 @@ def test_missing_file_and_unknown_extension(tmp_path: Path) -> None:
     (tmp_path / "data.xyz").write_text("hi")
     with pytest.raises(InputError, match="cannot tell the format"):
         list(read_batches(InputSpec(path=tmp_path / "data.xyz")))
+
+
+def test_deferred_jsonl_parses_to_the_same_rows(tmp_path: Path) -> None:
+    """The pipeline defers JSON parsing to workers; the result must not change."""
+    path = tmp_path / "mixed.jsonl"
+    good = json.dumps({"instruction": "hi", "output": "hello"}).encode()
+    path.write_bytes(b"\n".join([good, b"{broken", b"\xff\xfe", b"", b'{"x": ' + b"1" * 3000 + b"}", good]))
+    spec = InputSpec(path=path)
+    eager = [r for b in read_batches(spec, batch_rows=2, max_record_bytes=1000) for r in zip(
+        b.positions, b.records, b.errors, b.details, b.raw, strict=True)]
+    deferred_batches = list(read_batches(spec, batch_rows=2, max_record_bytes=1000, defer_parse=True))
+    assert [len(b) for b in deferred_batches] == [2, 2, 1]
+    assert all(b.pending and not b.positions for b in deferred_batches)
+    deferred = [r for b in deferred_batches for r in zip(
+        *(lambda p: (p.positions, p.records, p.errors, p.details, p.raw))(b.parse_pending()), strict=True)]
+    assert deferred == eager
+    assert [r[2] for r in deferred] == [None, "invalid_json", "invalid_utf8", "record_too_large", None]
+    (tmp_path / "empty.jsonl").write_bytes(b"\n\n")
+    empty = list(read_batches(InputSpec(path=tmp_path / "empty.jsonl"), defer_parse=True))
+    assert [b.parse_pending().errors for b in empty] == [["empty_file"]]

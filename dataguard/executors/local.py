@@ -71,6 +71,7 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
 
     if task.raw is not None:
         start = time.perf_counter()
+        task.raw.parse_pending()
         outcome = normalizer.normalize(task.raw, task.options)
         seconds["00-normalize"] = time.perf_counter() - start
         record(-1, len(task.raw), outcome.kept, outcome.rejected)

@@ -24,9 +24,28 @@ class RawBatch:
     errors: list[str | None] = field(default_factory=list)
     details: list[str | None] = field(default_factory=list)
     raw: list[str | None] = field(default_factory=list)
+    # Unparsed JSONL lines (position, line number, bytes) when the reader deferred parsing
+    # to the worker that normalizes the batch; see ``parse_pending``.
+    pending: list[tuple[int, int, bytes]] = field(default_factory=list)
+    max_record_bytes: int | None = None
 
     def __len__(self) -> int:
-        return len(self.positions)
+        return len(self.positions) + len(self.pending)
+
+    def parse_pending(self) -> RawBatch:
+        """Parse deferred JSONL lines in place (in file order); a no-op otherwise."""
+        if self.pending:
+            from dataguard.io.readers import DEFAULT_MAX_RECORD_BYTES, parse_jsonl_line
+
+            limit = self.max_record_bytes or DEFAULT_MAX_RECORD_BYTES
+            for position, line_no, line in self.pending:
+                pos, record, error, detail, raw = parse_jsonl_line(position, line_no, line, limit)
+                if error is None:
+                    self.add(pos, record)
+                else:
+                    self.add_error(pos, error, detail or error, raw)
+            self.pending = []
+        return self
 
     def add(self, position: int, record: Any) -> None:
         self.positions.append(position)

@@ -122,14 +122,22 @@ def _clip(text: str) -> str:
 
 
 def read_batches(spec: InputSpec, batch_rows: int = DEFAULT_BATCH_ROWS,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[RawBatch]:
-    """Yield the input as RawBatches of at most `batch_rows` rows, in file order."""
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, defer_parse: bool = False) -> Iterator[RawBatch]:
+    """Yield the input as RawBatches of at most `batch_rows` rows, in file order.
+
+    With ``defer_parse`` JSONL batches carry raw lines and are parsed by
+    ``RawBatch.parse_pending()`` later - in a worker process - so the driver that reads
+    the file is not the bottleneck of a parallel run.
+    """
     if spec.dataset is None:
         path = Path(spec.path)
         if not path.exists():
             raise InputError(f"input {spec.name!r}: no such file or folder: {path}")
     reader = spec.resolved_reader()
     source = str(spec.name)
+    if reader == "jsonl" and defer_parse:
+        yield from _deferred_jsonl(Path(spec.path), source, batch_rows, max_record_bytes)
+        return
     if reader == "jsonl":
         gen = _read_jsonl(Path(spec.path), source, max_record_bytes)
     elif reader == "json":
@@ -166,29 +174,52 @@ def _rebatch(rows: Iterator[Row], source: str, batch_rows: int) -> Iterator[RawB
         yield batch
 
 
-def _read_jsonl(path: Path, source: str, max_bytes: int) -> Iterator[Row]:
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(position, line number, raw bytes) of each non-blank line."""
     position = 0
     with _open_binary(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue  # blank lines are separators, not records
-            if len(line) > max_bytes:
-                yield (position, None, "record_too_large",
-                       f"line {line_no} is {len(line):,} bytes (limit {max_bytes:,})",
-                       _clip(line.decode("utf-8", "backslashreplace")))
-            else:
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield (position, None, "invalid_utf8", f"line {line_no}: {exc}",
-                           _clip(line.decode("utf-8", "backslashreplace")))
-                else:
-                    try:
-                        yield (position, json.loads(text), None, None, None)
-                    except json.JSONDecodeError as exc:
-                        yield (position, None, "invalid_json", f"line {line_no}: {exc.msg} at column {exc.colno}",
-                               _clip(text.rstrip("\n")))
+            yield position, line_no, line
             position += 1
+
+
+def parse_jsonl_line(position: int, line_no: int, line: bytes, max_bytes: int) -> Row:
+    """One JSONL line -> a parsed record or an error row that keeps the raw text."""
+    if len(line) > max_bytes:
+        return (position, None, "record_too_large", f"line {line_no} is {len(line):,} bytes (limit {max_bytes:,})",
+                _clip(line.decode("utf-8", "backslashreplace")))
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (position, None, "invalid_utf8", f"line {line_no}: {exc}",
+                _clip(line.decode("utf-8", "backslashreplace")))
+    try:
+        return (position, json.loads(text), None, None, None)
+    except json.JSONDecodeError as exc:
+        return (position, None, "invalid_json", f"line {line_no}: {exc.msg} at column {exc.colno}",
+                _clip(text.rstrip("\n")))
+
+
+def _read_jsonl(path: Path, source: str, max_bytes: int) -> Iterator[Row]:
+    for position, line_no, line in _jsonl_lines(path):
+        yield parse_jsonl_line(position, line_no, line, max_bytes)
+
+
+def _deferred_jsonl(path: Path, source: str, batch_rows: int, max_bytes: int) -> Iterator[RawBatch]:
+    batch = RawBatch(source=source, max_record_bytes=max_bytes)
+    seen = 0
+    for item in _jsonl_lines(path):
+        seen += 1
+        batch.pending.append(item)
+        if len(batch.pending) >= batch_rows:
+            yield batch
+            batch = RawBatch(source=source, max_record_bytes=max_bytes)
+    if seen == 0:
+        batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+    if len(batch):
+        yield batch
 
 
 def _read_json_array(path: Path, source: str, prefix: str = "item") -> Iterator[Row]:
