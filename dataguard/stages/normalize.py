@@ -263,11 +263,7 @@ def _map_conversation(rec: dict[str, Any], key: str, fmt: str) -> _Mapped:
 def _map_alpaca(rec: dict[str, Any]) -> _Mapped:
     instruction = _req_str(rec, "instruction", "missing_field")
     query = _opt_str(rec, "input")
-    output = rec.get("output")
-    if output is None:
-        raise _Reject("missing_assistant", "field 'output' is missing")
-    if not isinstance(output, str):
-        raise _Reject("wrong_type", f"field 'output' must be a string, got {type(output).__name__}")
+    output = _req_str(rec, "output", "missing_assistant")
     turns: list[tuple[str, str]] = []
     system = _opt_str(rec, "system")
     if system:
@@ -288,11 +284,7 @@ def _map_alpaca(rec: dict[str, Any]) -> _Mapped:
 def _map_dolly(rec: dict[str, Any]) -> _Mapped:
     instruction = _req_str(rec, "instruction", "missing_field")
     context = _opt_str(rec, "context")
-    response = rec.get("response")
-    if response is None:
-        raise _Reject("missing_assistant", "field 'response' is missing")
-    if not isinstance(response, str):
-        raise _Reject("wrong_type", f"field 'response' must be a string, got {type(response).__name__}")
+    response = _req_str(rec, "response", "missing_assistant")
     label = _label_str(rec.get("category"), "category")
     if label is None:
         label = _label_str(rec.get("label"), "label")
