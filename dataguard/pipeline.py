@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from dataguard import __version__
-from dataguard.executors.local import LocalExecutor, UnitTask
+from dataguard.executors.local import LocalExecutor, UnitTask, stage_key
 from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec, describe_input, read_batches
 from dataguard.io.writer import ShardWriter, atomic_write_bytes, atomic_write_json, read_table
 from dataguard.records import CANONICAL_SCHEMA, REJECTED_SCHEMA, json_dumps
@@ -187,7 +187,7 @@ class Pipeline:
         return LocalExecutor(workers=self.workers, progress=self.progress)
 
     def _stage_key(self, index: int) -> str:
-        return f"{index + 1:02d}-{self.stages[index].name}" if index >= 0 else "00-normalize"
+        return stage_key(index, self.stages)
 
     def _fingerprint(self, input_info: list[dict[str, Any]]) -> str:
         payload = json_dumps({"config": self.config, "inputs": input_info, "version": __version__,

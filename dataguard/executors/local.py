@@ -41,7 +41,8 @@ class UnitTask:
         return self.out_dir / f"unit-{self.unit:06d}.meta.pkl"
 
 
-def _stage_key(index: int, stages: list[Stage]) -> str:
+def stage_key(index: int, stages: list[Stage]) -> str:
+    """Key of a stage in counts and timings: '00-normalize', '01-dedup', ... (names may repeat)."""
     return f"{index + 1:02d}-{stages[index].name}" if index >= 0 else "00-normalize"
 
 
@@ -64,7 +65,7 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
             name = "normalize" if index < 0 else stages[index].name
             raise RuntimeError(f"stage {name!r} lost rows: {rows_in} in, {kept.num_rows} kept, "
                                f"{rej.num_rows} rejected (unit {task.unit})")
-        counts[_stage_key(index, stages)] = {"rows_in": rows_in, "rows_kept": kept.num_rows,
+        counts[stage_key(index, stages)] = {"rows_in": rows_in, "rows_kept": kept.num_rows,
                                              "rows_rejected": rej.num_rows, "reasons": reasons}
         if rej.num_rows:
             rejected.append(rej)
@@ -87,7 +88,7 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
 
     for op, index in ops:
         stage = stages[index]
-        key = _stage_key(index, stages)
+        key = stage_key(index, stages)
         start = time.perf_counter()
         if op == "score":
             table = stage.score(table)

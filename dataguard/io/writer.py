@@ -76,8 +76,10 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 class ShardWriter:
     """Cut a stream of tables into shards of at most `max_rows` rows / `max_bytes` bytes.
 
-    Shard boundaries depend only on the rows, never on how they arrived in batches,
-    which keeps outputs byte-identical between a single-process and a parallel run.
+    Row-sized shard boundaries depend only on the rows, never on how they arrived; byte
+    sizing estimates bytes per row from each incoming unit, so it depends on `batch_rows`
+    (part of the config) but not on the number of workers. Either way a single-process
+    and a parallel run give byte-identical shards.
     """
 
     def __init__(self, folder: Path, prefix: str, schema: pa.Schema,
@@ -116,19 +118,18 @@ class ShardWriter:
     def _flush(self) -> None:
         if not self._pending_rows:
             return
-        table = pa.concat_tables(self._pending)
+        self._write_shard(pa.concat_tables(self._pending))
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+
+    def _write_shard(self, table: pa.Table) -> None:
         path = self.folder / f"{self.prefix}-{len(self.written):05d}.arrow"
         write_table(path, table)
         self.written.append({"path": str(path), "rows": table.num_rows, "bytes": path.stat().st_size,
                              "sha256": sha256_file(path)})
-        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
 
     def close(self) -> list[dict[str, Any]]:
         self._flush()
         if not self.written:
             # An empty result is still a valid, typed dataset a user can open.
-            path = self.folder / f"{self.prefix}-00000.arrow"
-            write_table(path, self.schema.empty_table())
-            self.written.append({"path": str(path), "rows": 0, "bytes": path.stat().st_size,
-                                 "sha256": sha256_file(path)})
+            self._write_shard(self.schema.empty_table())
         return self.written
