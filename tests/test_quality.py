@@ -18,8 +18,11 @@ from dataguard.stages.quality import QualityStage
 from dataguard.text import quality_scores as qs
 
 
-def scores(texts: list[str]) -> dict[str, np.ndarray]:
-    return QualityStage().side_scores(qs.TextBatch(texts))
+def scores(texts: list[str], use_kernel: bool | None = None) -> dict[str, np.ndarray]:
+    return QualityStage().side_scores(texts, use_kernel=use_kernel)
+
+
+IMPLEMENTATIONS = [pytest.param(True, id="kernel"), pytest.param(False, id="numpy")]
 
 
 # --- hand-computed examples ---------------------------------------------------------------
@@ -45,8 +48,9 @@ def test_data_juicer_word_rep_ratio_by_hand():
     assert qs.word_rep_ratio(tb, rep_len=2).tolist() == pytest.approx([0.4, 0.0])
 
 
-def test_gopher_scores_by_hand():
-    s = scores(["a\nb\na\n\na", "x y x y z", "a b c d e a b c d e"])
+@pytest.mark.parametrize("use_kernel", IMPLEMENTATIONS)
+def test_gopher_scores_by_hand(use_kernel):
+    s = scores(["a\nb\na\n\na", "x y x y z", "a b c d e a b c d e"], use_kernel)
     # lines [a, b, a, a]: 2 duplicates of 4; 2 duplicate chars of 8.
     assert s["dup_line_frac"][0] == pytest.approx(0.5)
     assert s["dup_line_char_frac"][0] == pytest.approx(2 / 8)
@@ -64,9 +68,10 @@ def test_special_char_ratio_by_hand():
     assert qs.special_char_ratio(qs.TextBatch(["a1, b!", "", "abc"])).tolist() == pytest.approx([4 / 6, 0, 0])
 
 
-def test_urls_by_hand():
+@pytest.mark.parametrize("use_kernel", IMPLEMENTATIONS)
+def test_urls_by_hand(use_kernel):
     text = "see https://a.com/x and www.b.org, also http://c.io."
-    s = scores([text, "no links here"])
+    s = scores([text, "no links here"], use_kernel)
     assert s["url_count"].tolist() == [3, 0]
     # https://a.com/x (15) + www.b.org (9) + http://c.io (11), trailing punctuation excluded.
     assert s["url_char_ratio"][0] == pytest.approx(35 / len(text))
@@ -143,11 +148,12 @@ def ref_dup(t: str, n: int) -> float:
     return sum(len(x) for x, c in zip(w, covered, strict=True) if c) / len(t) if t else 0.0
 
 
-def test_vectorised_scores_equal_reference_on_real_text(shared_data):
+@pytest.mark.parametrize("use_kernel", IMPLEMENTATIONS)
+def test_scores_equal_plain_python_definitions_on_real_text(shared_data, use_kernel):
     data = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())[:400]
     texts = [r["output"] for r in data] + [r["instruction"] for r in data[:100]]
     texts += ["", "x", "Ünïcödé ÜNÏCÖDÉ ünïcödé " * 5, "la la la la la la la la la la la la", "😀" * 30]
-    s = scores(texts)
+    s = scores(texts, use_kernel)
     np.testing.assert_allclose(s["char_rep_ratio"], [ref_char_rep(t) for t in texts], atol=1e-6)
     np.testing.assert_allclose(s["word_rep_ratio"], [ref_word_rep(t) for t in texts], atol=1e-6)
     np.testing.assert_allclose(s["dup_line_frac"], [ref_lines(t)[0] for t in texts], atol=1e-6)
@@ -159,14 +165,15 @@ def test_vectorised_scores_equal_reference_on_real_text(shared_data):
     assert (s["char_rep_ratio"] > 0).sum() > 50  # the comparison is not vacuous
 
 
-def test_chunked_grouping_matches_single_text_results():
+@pytest.mark.parametrize("use_kernel", IMPLEMENTATIONS)
+def test_chunked_grouping_matches_single_text_results(use_kernel):
     # Many texts force several sort chunks; each text's score must not depend on its neighbours.
     rng = np.random.default_rng(1)
     vocab = ["alpha", "beta", "gamma", "delta", "eps"]
     texts = [" ".join(rng.choice(vocab, size=int(rng.integers(0, 120)))) for _ in range(3000)]
-    together = scores(texts)
+    together = scores(texts, use_kernel)
     for i in (0, 1, 777, 2999):
-        alone = scores([texts[i]])
+        alone = scores([texts[i]], use_kernel)
         for key in ("char_rep_ratio", "word_rep_ratio", "top2_gram_char_frac", "dup7_gram_char_frac"):
             assert together[key][i] == pytest.approx(alone[key][0])
 

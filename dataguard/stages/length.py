@@ -130,25 +130,37 @@ class LengthStage(Stage):
         }
 
     # -- score -----------------------------------------------------------------------------
-    def _count(self, offsets: np.ndarray, roles: list[str], contents: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _count(self, offsets: np.ndarray, roles: pa.Array, contents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         tok = self.tokenizer
         counts = tok.count_batch(contents) if contents else np.zeros(0, dtype=np.int64)
         csum = np.concatenate([[0], np.cumsum(counts)])
         totals = csum[offsets[1:]] - csum[offsets[:-1]]
-        per_message = tok.message_overheads(roles)
-        if per_message is not None:  # additive template (ChatML): vectorised
+        # Template overhead per message, looked up once per distinct role.
+        coded = pc.fill_null(roles, "").dictionary_encode()
+        per_role = tok.message_overheads(coded.dictionary.to_pylist())
+        if per_role is not None:  # additive template (ChatML): vectorised
+            per_message = per_role[coded.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
             osum = np.concatenate([[0], np.cumsum(per_message)])
             overhead = osum[offsets[1:]] - osum[offsets[:-1]]
         else:  # whole-conversation template: measured once per distinct role sequence
+            names = [r or "" for r in roles.to_pylist()]
             overhead = np.fromiter(
-                (tok.template_overhead(tuple(roles[s:e]))
+                (tok.template_overhead(tuple(names[s:e]))
                  for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)),
                 dtype=np.int64, count=len(offsets) - 1,
             )
         return counts, totals + overhead
 
     def score(self, batch: pa.Table) -> pa.Table:
-        offsets, roles, contents = _messages_arrays(batch)
+        if batch.num_rows == 0:
+            offsets, roles, contents = np.zeros(1, dtype=np.int64), pa.array([], pa.string()), []
+        else:
+            msgs = batch.column("messages").combine_chunks()
+            lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            flat = msgs.flatten()
+            roles = flat.field("role")
+            contents = pc.fill_null(flat.field("content"), "").to_pylist()
         counts, totals = self._count(offsets, roles, contents)
         per_msg = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(counts.astype(np.int32)))
         batch = set_column(batch, "message_tokens", per_msg.cast(pa.list_(pa.int32())))

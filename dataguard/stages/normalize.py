@@ -86,6 +86,7 @@ from dataguard.records import (
     json_dumps,
 )
 from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.normalize_flat import FlatRows, plain_alpaca_rows, two_turn_messages
 
 FORMATS = ("alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
 STAGE_NAME = "normalize"
@@ -491,7 +492,13 @@ class Normalizer(Stage):
         aliases_applied: Counter[str] = Counter()
         mapped_rows: list[tuple[int, _Mapped, str | None]] = []
         rejects: list[dict[str, Any]] = []
+        flat = plain_alpaca_rows(batch.records, batch.errors, options, self.allowed_roles, self.check_placeholders)
+        on_fast_path = [False] * len(batch)
+        for i in flat.index:
+            on_fast_path[i] = True
         for i in range(len(batch)):
+            if on_fast_path[i]:
+                continue
             error = batch.errors[i]
             if error is not None:
                 raw = batch.raw[i]
@@ -519,19 +526,7 @@ class Normalizer(Stage):
                 mapped.meta["call_turns"] = mapped.call_turns
             mapped_rows.append((i, mapped, own_id))
 
-        ids = [batch.row_id(i) for i, _, _ in mapped_rows]
-        n = len(mapped_rows)
-        kept = pa.Table.from_arrays(
-            [
-                pa.array(ids, pa.string()),
-                pa.array([source] * n, pa.string()),
-                _messages_array([m.turns for _, m, _ in mapped_rows]),
-                pa.array([m.label for _, m, _ in mapped_rows], pa.string()),
-                pa.array([json_dumps(m.meta) if m.meta else None for _, m, _ in mapped_rows], pa.string()),
-                pa.array([m.fmt for _, m, _ in mapped_rows], pa.string()),
-            ],
-            schema=self.schema,
-        )
+        kept = self._kept_table(batch, mapped_rows, flat)
         rejected = pa.Table.from_arrays(
             [
                 pa.array([r["id"] for r in rejects], pa.string()),
@@ -543,8 +538,11 @@ class Normalizer(Stage):
             ],
             schema=REJECTED_SCHEMA,
         )
-        stats["kept"] = n
-        stats["formats"] = dict(Counter(m.fmt for _, m, _ in mapped_rows))
+        stats["kept"] = kept.num_rows
+        formats = Counter(m.fmt for _, m, _ in mapped_rows)
+        if flat.index:
+            formats["alpaca"] += len(flat.index)
+        stats["formats"] = dict(sorted(formats.items()))
         stats["reasons"] = dict(Counter(r["reason"] for r in rejects))
         stats["aliases"] = dict(aliases_applied)
         per_reason: Counter[str] = Counter()
@@ -554,6 +552,41 @@ class Normalizer(Stage):
                 stats["examples"].append({"id": r["id"], "reason": r["reason"], "detail": r["detail"],
                                           "text": _snippet(r["record"])})
         return Outcome(kept=kept, rejected=rejected, stats=stats)
+
+    def _kept_table(self, batch: RawBatch, mapped_rows: list[tuple[int, _Mapped, str | None]],
+                    flat: FlatRows) -> pa.Table:
+        """Kept rows of both paths, in input order."""
+        source = batch.source
+        n = len(mapped_rows)
+        slow = pa.Table.from_arrays(
+            [
+                pa.array([batch.row_id(i) for i, _, _ in mapped_rows], pa.string()),
+                pa.array([source] * n, pa.string()),
+                _messages_array([m.turns for _, m, _ in mapped_rows]),
+                pa.array([m.label for _, m, _ in mapped_rows], pa.string()),
+                pa.array([json_dumps(m.meta) if m.meta else None for _, m, _ in mapped_rows], pa.string()),
+                pa.array([m.fmt for _, m, _ in mapped_rows], pa.string()),
+            ],
+            schema=self.schema,
+        )
+        if not flat.index:
+            return slow
+        k = len(flat.index)
+        fast = pa.Table.from_arrays(
+            [
+                pa.array([batch.row_id(i) for i in flat.index], pa.string()),
+                pa.array([source] * k, pa.string()),
+                two_turn_messages(flat.user, flat.assistant, MESSAGES_TYPE, MESSAGE_TYPE),
+                pa.nulls(k, pa.string()),
+                pa.nulls(k, pa.string()),
+                pa.array(["alpaca"] * k, pa.string()),
+            ],
+            schema=self.schema,
+        )
+        if not n:
+            return fast
+        order = sorted(range(n + k), key=([i for i, _, _ in mapped_rows] + flat.index).__getitem__)
+        return pa.concat_tables([slow, fast]).take(order).combine_chunks()
 
     def absorb(self, stats: Sequence[Any]) -> None:
         for s in stats:

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from dataguard.records import reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.text import quality_scores as qs
+from dataguard.text.repetition_kernel import ScoreSpec, score_segments, score_strings
 
 SIDES = {"prompt": ("system", "user", "tool"), "response": ("assistant",)}
 TOP_DEFAULT = {2: 0.20, 3: 0.18, 4: 0.16}
@@ -72,6 +72,42 @@ def side_texts(batch: pa.Table, roles: Sequence[str]) -> pa.Array:
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     lists = pa.ListArray.from_arrays(pa.array(offsets), content.filter(keep))
     return pc.binary_join(lists, "\n")
+
+
+@dataclass
+class _Pieces:
+    """The message contents of a batch, with each message's row and role."""
+
+    content: pa.Array
+    row_of: np.ndarray
+    role_code: np.ndarray
+    role_names: list[str]
+    nonempty: np.ndarray
+    n_rows: int
+
+    def side(self, roles: Sequence[str]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+        """(content, segments, groups) of one side: the non-empty contents of these roles."""
+        wanted = np.array([r in roles for r in self.role_names] + [False], dtype=bool)
+        keep = wanted[self.role_code] & self.nonempty
+        segments = np.flatnonzero(keep)
+        counts = np.bincount(self.row_of[segments], minlength=self.n_rows)
+        groups = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return self.content, segments, groups
+
+
+def _message_pieces(batch: pa.Table) -> _Pieces | None:
+    n = batch.num_rows
+    if n == 0:
+        return None
+    msgs = batch.column("messages").combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = msgs.flatten()
+    content = flat.field("content")
+    coded = pc.fill_null(flat.field("role"), "").dictionary_encode()
+    names = coded.dictionary.to_pylist()
+    role_code = coded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    nonempty = pc.fill_null(pc.greater(pc.binary_length(content), 0), False).to_numpy(zero_copy_only=False)
+    return _Pieces(content, np.repeat(np.arange(n, dtype=np.int64), lengths), role_code, names, nonempty, n)
 
 
 @dataclass
@@ -171,25 +207,27 @@ class QualityStage(Stage):
         return {f"{side}_{name}": t for side in self.sides for name, t in self._score_names()}
 
     # -- score -----------------------------------------------------------------------------
-    def side_scores(self, tb: qs.TextBatch) -> dict[str, np.ndarray]:
-        """Every score of one side's texts (the pure functions, composed)."""
-        out: dict[str, np.ndarray] = {}
-        out["char_repeat_ratio"] = qs.char_repeat_ratio(tb, ignore_whitespace=self.ignore_whitespace_repeats)
-        out["url_count"], out["url_char_ratio"] = qs.url_stats(tb)
-        out["special_char_ratio"] = qs.special_char_ratio(tb)
-        out["char_rep_ratio"] = qs.char_rep_ratio(tb, self.char_rep_len)
-        out["word_rep_ratio"] = qs.word_rep_ratio(tb, self.word_rep_len)
-        out["dup_line_frac"], out["dup_line_char_frac"] = qs.dup_line_fracs(tb)
-        out.update(qs.gopher_ngram_fracs(tb, tuple(self.top_ngram_max), tuple(self.dup_ngram_max)))
-        return out
+    @property
+    def score_spec(self) -> ScoreSpec:
+        return ScoreSpec(ignore_whitespace=self.ignore_whitespace_repeats, char_rep_len=self.char_rep_len,
+                         word_rep_len=self.word_rep_len, top_ns=tuple(self.top_ngram_max),
+                         dup_ns=tuple(self.dup_ngram_max))
+
+    def side_scores(self, texts: pa.Array | Sequence[str], use_kernel: bool | None = None) -> dict[str, np.ndarray]:
+        """Every score of one side's texts (compiled kernel when built, else the NumPy reference)."""
+        return score_strings(texts, self.score_spec, use_kernel=use_kernel)
 
     def score(self, batch: pa.Table) -> pa.Table:
+        pieces = _message_pieces(batch)
         for side in self.sides:
-            tb = qs.TextBatch.from_arrow(side_texts(batch, SIDES[side]))
-            scores = self.side_scores(tb)
+            if pieces is None:
+                scores = self.side_scores(pa.array([], pa.string()))
+            else:
+                content, segments, groups = pieces.side(SIDES[side])
+                scores = score_segments(content, segments, groups, self.score_spec)
             for name, typ in self._score_names():
                 col = f"{side}_{name}"
-                arr = pa.array(scores[name].astype(typ.to_pandas_dtype()), typ)
+                arr = pa.array(scores[name].astype(typ.to_pandas_dtype(), copy=False), typ)
                 i = batch.schema.get_field_index(col)
                 batch = batch.set_column(i, col, arr) if i >= 0 else batch.append_column(col, arr)
         return batch

@@ -1,5 +1,11 @@
 """Repetition and URL scores for a batch of texts, vectorised over one codepoint array.
 
+This is the NumPy reference implementation; the pipeline runs the compiled kernel
+(``_qscore.c`` via ``repetition_kernel``) when it is built, and the tests hold both to the
+same numbers. One difference: this reference groups by hash alone, so adversarial texts whose
+polynomial hashes collide (Thue-Morse blocks of 2048+ characters) can be miscounted here; the
+kernel compares the text on every hash match and is exact.
+
 All functions take a list of texts and return one float32 (or int32) value per text. The
 texts of a batch are concatenated into one uint32 codepoint array; every n-gram, word and
 line is a span of it, hashed in O(1) from one polynomial prefix hash (mod 2**64), and
@@ -349,12 +355,19 @@ def url_stats(tb: TextBatch) -> tuple[np.ndarray, np.ndarray]:
     counts = np.zeros(tb.n, dtype=np.int32)
     chars = np.zeros(tb.n, dtype=np.float64)
     for i in _url_candidates(tb):
-        for m in URL_RE.finditer(tb.text(i)):
-            url = m.group(0).rstrip(_URL_TRAIL)
-            if len(url) > 4:
-                counts[i] += 1
-                chars[i] += len(url)
+        counts[i], chars[i] = urls_in(tb.text(i))
     return counts, _safe_div(chars, tb.lens.astype(np.float64))
+
+
+def urls_in(text: str) -> tuple[int, int]:
+    """(number of URLs, characters inside them) of one text; trailing punctuation excluded."""
+    count = chars = 0
+    for m in URL_RE.finditer(text):
+        url = m.group(0).rstrip(_URL_TRAIL)
+        if len(url) > 4:
+            count += 1
+            chars += len(url)
+    return count, chars
 
 
 def _url_candidates(tb: TextBatch) -> list[int]:

@@ -53,14 +53,28 @@ _CACHE_MAX_TOKENS = int(os.environ.get("DATAGUARD_TOKEN_CACHE_TOKENS", 4_000_000
 
 
 class _TokenCache:
-    """LRU map text -> token ids for one tokenizer, bounded by total token count."""
+    """Per-tokenizer caches: text -> token ids (LRU, bounded by total tokens) and text -> token
+    count (FIFO, bounded by total characters of the cached texts).
+
+    Counting needs no ids, and turning ids into arrays costs ~15% of the tokenization itself,
+    so ids are kept only once some stage of this process has asked for them (``want_ids``):
+    a length-only pipeline stores counts, a pipeline with the overlap scan shares the ids.
+    """
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
+        self.max_count_chars = 4 * max_tokens
         self.tokens = 0
+        self.count_chars = 0
         self.hits = 0
         self.misses = 0
+        self.want_ids = False
         self._data: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._counts: dict[str, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_tokens > 0
 
     def get(self, text: str) -> np.ndarray | None:
         ids = self._data.get(text)
@@ -70,6 +84,17 @@ class _TokenCache:
         else:
             self.misses += 1
         return ids
+
+    def count(self, text: str) -> int | None:
+        c = self._counts.get(text)
+        if c is None:
+            ids = self._data.get(text)
+            if ids is None:
+                self.misses += 1
+                return None
+            c = len(ids)
+        self.hits += 1
+        return c
 
     def put(self, text: str, ids: np.ndarray) -> None:
         if self.max_tokens <= 0 or len(ids) > self.max_tokens:
@@ -82,9 +107,21 @@ class _TokenCache:
             _, old = self._data.popitem(last=False)
             self.tokens -= len(old)
 
+    def put_count(self, text: str, count: int) -> None:
+        if self.max_tokens <= 0 or len(text) > self.max_count_chars or text in self._counts:
+            return
+        self._counts[text] = count
+        self.count_chars += len(text)
+        while self.count_chars > self.max_count_chars:  # dicts keep insertion order: FIFO
+            old = next(iter(self._counts))
+            del self._counts[old]
+            self.count_chars -= len(old)
+
     def clear(self) -> None:
         self._data.clear()
-        self.tokens = self.hits = self.misses = 0
+        self._counts.clear()
+        self.tokens = self.count_chars = self.hits = self.misses = 0
+        self.want_ids = False
 
 
 _CACHES: dict[str, _TokenCache] = {}
@@ -100,7 +137,8 @@ def _cache_for(name: str) -> _TokenCache:
 def token_cache_info() -> dict[str, dict[str, int]]:
     """Hits, misses and cached tokens per tokenizer name (for tests and benchmarks)."""
     return {
-        name: {"hits": c.hits, "misses": c.misses, "tokens": c.tokens, "texts": len(c._data)}
+        name: {"hits": c.hits, "misses": c.misses, "tokens": c.tokens, "texts": len(c._data),
+               "counted_texts": len(c._counts)}
         for name, c in _CACHES.items()
     }
 
@@ -113,24 +151,26 @@ def clear_token_cache(max_tokens: int | None = None) -> None:
     for cache in _CACHES.values():
         cache.clear()
         cache.max_tokens = _CACHE_MAX_TOKENS
+        cache.max_count_chars = 4 * _CACHE_MAX_TOKENS
 
 
 # ---------------------------------------------------------------------------------------
 class Tokenizer(ABC):
-    """Batched, cached tokenization. Subclasses implement ``_encode_uncached``."""
+    """Batched, cached tokenization. Subclasses implement ``_encode_lists`` (the tokenizer call)."""
 
     name: str
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids (uint32 arrays) of each text, without special tokens or template."""
         cache = _cache_for(self.name)
+        cache.want_ids = True
         out: list[np.ndarray | None] = [cache.get(t) for t in texts]
         missing = [i for i, ids in enumerate(out) if ids is None]
         if missing:
             # Duplicate texts inside one batch are encoded once.
             todo = list(dict.fromkeys(texts[i] for i in missing))
             fresh = dict(zip(todo, self._encode_uncached(todo), strict=True))
-            if cache.max_tokens > 0:
+            if cache.enabled:
                 for text, ids in fresh.items():
                     # A copy: a cached view would keep its whole batch's flat array alive.
                     cache.put(text, ids.copy())
@@ -139,12 +179,39 @@ class Tokenizer(ABC):
         return out  # type: ignore[return-value]
 
     def count_batch(self, texts: Sequence[str]) -> np.ndarray:
-        """Number of tokens of each text (int64)."""
-        return np.fromiter((len(ids) for ids in self.encode_batch(texts)), dtype=np.int64, count=len(texts))
+        """Number of tokens of each text (int64). The hot path of the length stage: token
+        lists are counted, never turned into arrays, unless a stage here also wants the ids."""
+        cache = _cache_for(self.name)
+        if not cache.enabled:
+            return np.fromiter(map(len, self._encode_lists(texts)), dtype=np.int64, count=len(texts))
+        out = np.zeros(len(texts), dtype=np.int64)
+        missing = []
+        for i, t in enumerate(texts):
+            c = cache.count(t)
+            if c is None:
+                missing.append(i)
+            else:
+                out[i] = c
+        if missing:
+            todo = list(dict.fromkeys(texts[i] for i in missing))
+            lists = self._encode_lists(todo)
+            counts = dict(zip(todo, map(len, lists), strict=True))
+            if cache.want_ids:
+                for text, ids in zip(todo, _split_flat(lists), strict=True):
+                    cache.put(text, ids.copy())
+            for text, c in counts.items():
+                cache.put_count(text, c)
+            for i in missing:
+                out[i] = counts[texts[i]]
+        return out
+
+    def _encode_uncached(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode distinct texts to uint32 arrays."""
+        return _split_flat(self._encode_lists(texts))
 
     @abstractmethod
-    def _encode_uncached(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Encode distinct texts; the hot path."""
+    def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text as Python lists: the tokenizer call itself."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -216,7 +283,7 @@ class QwenTokenizer(Tokenizer):
             )
         return self._enc
 
-    def _encode_uncached(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
         encode = self._encoding().encode_ordinary
         is_nfc = unicodedata.is_normalized
         nfc = unicodedata.normalize
@@ -228,7 +295,7 @@ class QwenTokenizer(Tokenizer):
                 lists.append(encode(t if is_nfc("NFC", t) else nfc("NFC", t)))
             except UnicodeEncodeError:  # lone surrogates (only from Python callers; Arrow holds valid UTF-8)
                 lists.append(encode(nfc("NFC", t.encode("utf-8", "replace").decode("utf-8"))))
-        return _split_flat(lists)
+        return lists
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self._encoding().decode([int(i) for i in ids], errors="replace")
@@ -297,10 +364,9 @@ class HFTokenizer(Tokenizer):
         self._tok = tok
         return tok
 
-    def _encode_uncached(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
         tok = self._load()
-        encs = tok.encode_batch_fast(list(texts), add_special_tokens=False)
-        return _split_flat([e.ids for e in encs])
+        return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self._load().decode([int(i) for i in ids], skip_special_tokens=False)

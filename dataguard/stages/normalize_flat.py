@@ -1,0 +1,73 @@
+"""Batch fast path of normalization for plain Alpaca records.
+
+Most instruction data is plain ``{instruction, input, output}`` rows. For those, the
+per-record path (detect, map, check, one Python call chain per row) costs ~25 us/row, ten
+times the work itself. Here the same decisions are made column-wise with list
+comprehensions over the whole batch. Only rows that provably pass every check take this
+path; anything unusual (other keys, wrong types, empty turns, a possible placeholder, a
+forced non-Alpaca format, aliases, a role set without user/assistant) goes through the
+per-record path, which gives the exact reason code. ``tests/test_normalize_flat.py`` checks
+that both paths produce identical tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from dataguard.io.raw import SourceOptions
+
+PLAIN_KEYS = frozenset({"instruction", "input", "output"})
+
+
+@dataclass
+class FlatRows:
+    """Rows (indices into the batch) mapped by the fast path, with their two turns."""
+
+    index: list[int]
+    user: list[str]
+    assistant: list[str]
+
+
+def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], options: SourceOptions,
+                      allowed_roles: frozenset[str], check_placeholders: bool) -> FlatRows:
+    """The rows of a batch that are plain Alpaca records passing every normalization check."""
+    if options.format not in ("auto", "alpaca") or options.aliases or not {"user", "assistant"} <= allowed_roles:
+        return FlatRows([], [], [])
+    # Shape: a dict with only Alpaca keys, string instruction and output, string-or-absent input.
+    idx = [i for i, r in enumerate(records)
+           if errors[i] is None and type(r) is dict and r.keys() <= PLAIN_KEYS
+           and type(r.get("instruction")) is str and type(r.get("output")) is str
+           and type(r.get("input", "")) is str]
+    recs = [records[i] for i in idx]
+    # The user turn: instruction and input joined by "\n", empty parts skipped (as _join does).
+    users = [(a + "\n" + b if b else a) if a else b
+             for a, b in zip([r["instruction"] for r in recs], [r.get("input") or "" for r in recs], strict=True)]
+    outs = [r["output"] for r in recs]
+    # Checks: both turns have text; no "{{" / "<<" that could be an unfilled slot (those rows
+    # take the per-record path, which knows about code blocks and GSM8K annotations).
+    if check_placeholders:
+        ok = [bool(u.strip()) and bool(o.strip()) and "{{" not in u and "<<" not in u and "{{" not in o
+              and "<<" not in o for u, o in zip(users, outs, strict=True)]
+    else:
+        ok = [bool(u.strip()) and bool(o.strip()) for u, o in zip(users, outs, strict=True)]
+    if all(ok):
+        return FlatRows(idx, users, outs)
+    keep = [j for j, good in enumerate(ok) if good]
+    return FlatRows([idx[j] for j in keep], [users[j] for j in keep], [outs[j] for j in keep])
+
+
+def two_turn_messages(users: list[str], assistants: list[str], messages_type: pa.DataType,
+                      message_type: pa.DataType) -> pa.Array:
+    """The messages column [{user}, {assistant}] per row, built from flat buffers."""
+    n = len(users)
+    contents: list[str | None] = [None] * (2 * n)
+    contents[0::2] = users
+    contents[1::2] = assistants
+    roles = pa.array(["user", "assistant"] * n, pa.string())
+    values = pa.StructArray.from_arrays([roles, pa.array(contents, pa.string())], fields=list(message_type))
+    offsets = pa.array(range(0, 2 * n + 1, 2), pa.int32())
+    return pa.ListArray.from_arrays(offsets, values).cast(messages_type)

@@ -1,0 +1,752 @@
+/* Repetition scores for a batch of UTF-8 texts in one pass per text (the compiled kernel).
+ *
+ * Same definitions as dataguard/text/quality_scores.py (the NumPy reference, which the tests
+ * hold this kernel to): char_repeat_ratio, special_char_ratio, data-juicer char / word
+ * n-gram repetition, Gopher duplicate lines and top / duplicate word n-gram fractions.
+ *
+ * Why C: the NumPy version needs ~25 array passes and several sorts per batch; here each text
+ * is decoded once into a small scratch buffer that stays in cache, and n-grams are grouped
+ * with an open-addressing hash table. Groups are exact: on a hash match the underlying
+ * codepoints (or word ids) are compared, so a hash collision can never merge two n-grams.
+ * URL counting stays in Python (a regex over the few texts that contain "://" or "www.").
+ *
+ * Entry point: score_texts(data, starts, ends, groups, cls, special, lower, out_f, out_i,
+ *                          char_rep_len, word_rep_len, ignore_ws, top_ns, dup_ns)
+ *   data     bytes-like UTF-8 (an Arrow string data buffer)
+ *   starts, ends  int64[segments] byte ranges of segments in data
+ *   groups   int64[n + 1]: text t is segments groups[t] .. groups[t+1]-1 joined by "\n"
+ *            (one message per segment: a side of a conversation is scored without
+ *            building the joined string)
+ *   cls      uint8[0x110000]  0 space, 1 word character, 2 other
+ *   special  uint8[0x110000]  data-juicer "special character" flag
+ *   lower    uint32[0x110000] lower-case mapping
+ *   out_f    float32[n * (6 + len(top_ns) + len(dup_ns))], row-major, written
+ *   out_i    int32[n * 3] (characters, Gopher words, contains "://" or "www."), written
+ *   top_ns, dup_ns  bytes of n-gram sizes (2..20)
+ * The GIL is released while scoring.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NCP 0x110000u
+#define CLS_SPACE 0
+#define CLS_WORD 1
+#define MAX_N 20
+
+/* ---------------------------------------------------------------------------------------- */
+static inline uint64_t fmix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+#define POLY 0x100000001B3ULL
+#define WORD_MIX 0x9E3779B97F4A7C15ULL
+
+/* Growable scratch array. */
+typedef struct {
+    void *p;
+    size_t cap; /* elements */
+} Buf;
+
+static int buf_need(Buf *b, size_t n, size_t elem)
+{
+    if (n <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < n)
+        cap *= 2;
+    void *p = realloc(b->p, cap * elem);
+    if (!p)
+        return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Bucket of a hash in a power-of-two space of 2**lg: multiply-shift, so the top bits mix in
+ * every bit of h (a polynomial hash mod 2**64 has weak low bits). */
+#define GOLD 0x9E3779B97F4A7C15ULL
+static inline size_t bucket(uint64_t h, unsigned lg) { return (size_t)((h * GOLD) >> (64 - lg)); }
+
+/* Open-addressing hash table of groups; "stamp" generations make a reset O(1). One entry is
+ * one 24-byte struct, so a probe touches one cache line. */
+typedef struct {
+    uint64_t hash;
+    uint32_t first; /* element index of the group's first occurrence */
+    uint32_t count;
+    uint32_t stamp;
+    uint32_t pad;
+} Entry;
+
+typedef struct {
+    Entry *e;
+    uint32_t *used; /* slot of each group, in order of creation */
+    size_t nused;
+    size_t alloc;
+    unsigned lg;
+    uint32_t gen;
+} Table;
+
+static void table_free(Table *t)
+{
+    free(t->e);
+    free(t->used);
+    memset(t, 0, sizeof(*t));
+}
+
+static int table_reset(Table *t, size_t m)
+{
+    unsigned lg = 4;
+    while (((size_t)1 << lg) < 2 * m + 2)
+        lg++;
+    size_t cap = (size_t)1 << lg;
+    if (cap > t->alloc) {
+        table_free(t);
+        t->e = calloc(cap, sizeof(Entry));
+        t->used = malloc(cap * sizeof(uint32_t));
+        if (!t->e || !t->used) {
+            table_free(t);
+            return -1;
+        }
+        t->alloc = cap;
+        t->gen = 0;
+    }
+    t->gen++;
+    if (t->gen == 0) {
+        for (size_t i = 0; i < t->alloc; i++)
+            t->e[i].stamp = 0;
+        t->gen = 1;
+    }
+    t->lg = lg;
+    t->nused = 0;
+    return 0;
+}
+
+/* How two elements compare, given their indices. Elements are codepoint windows
+ * buf[i .. i+k) (WINDOW), spans (SPAN: start[i], len[i]) or runs of k spans (SPANS). */
+enum { WINDOW, SPAN, SPANS };
+typedef struct {
+    int mode;
+    const uint32_t *buf;
+    const uint32_t *start;
+    const uint32_t *len;
+    uint32_t k;
+} Eq;
+
+static inline int same_u32(const uint32_t *x, const uint32_t *y, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (x[i] != y[i])
+            return 0;
+    return 1;
+}
+
+static inline int same_span(const Eq *e, uint32_t a, uint32_t b)
+{
+    uint32_t la = e->len[a];
+    return la == e->len[b] && same_u32(e->buf + e->start[a], e->buf + e->start[b], la);
+}
+
+static inline int eq_elems(const Eq *e, uint32_t a, uint32_t b)
+{
+    switch (e->mode) {
+    case WINDOW:
+        return same_u32(e->buf + a, e->buf + b, e->k);
+    case SPAN:
+        return same_span(e, a, b);
+    default:
+        for (uint32_t j = 0; j < e->k; j++)
+            if (!same_span(e, a + j, b + j))
+                return 0;
+        return 1;
+    }
+}
+
+/* Adds element idx with hash h to its group; returns the group's slot. Elements must be
+ * added in increasing index order, so a group's "first" is its first occurrence. */
+static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
+{
+    size_t mask = ((size_t)1 << t->lg) - 1;
+    size_t s = bucket(h, t->lg);
+    for (;;) {
+        Entry *x = &t->e[s];
+        if (x->stamp != t->gen) {
+            x->stamp = t->gen;
+            x->hash = h;
+            x->first = idx;
+            x->count = 1;
+            t->used[t->nused++] = (uint32_t)s;
+            return s;
+        }
+        if (x->hash == h && eq_elems(e, x->first, idx)) {
+            x->count++;
+            return s;
+        }
+        s = (s + 1) & mask;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+typedef struct {
+    /* Shared between the scores, which run one after another: ws/wl hold the spans of
+     * words or lines; h64a/b/c hold hashes. ~57 bytes per character of the longest text. */
+    Buf cp, low, cls, ws, wl, h64a, h64b, h64c, sus, slot, cover, reps, seen, twice;
+    Table t;
+} Scratch;
+
+static void scratch_free(Scratch *s)
+{
+    Buf *bufs[] = {&s->cp,   &s->low, &s->cls, &s->ws,   &s->wl,    &s->h64a, &s->h64b,
+                   &s->h64c, &s->sus, &s->slot, &s->cover, &s->reps, &s->seen, &s->twice};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]->p);
+    table_free(&s->t);
+}
+
+static int scratch_need(Scratch *s, size_t n)
+{
+    n += 2;
+    Buf *b32[] = {&s->cp, &s->low, &s->ws, &s->wl, &s->sus, &s->slot, &s->cover, &s->reps};
+    Buf *b64[] = {&s->h64a, &s->h64b, &s->h64c};
+    for (size_t i = 0; i < sizeof(b32) / sizeof(b32[0]); i++)
+        if (buf_need(b32[i], n, 4))
+            return -1;
+    for (size_t i = 0; i < sizeof(b64) / sizeof(b64[0]); i++)
+        if (buf_need(b64[i], n, 8))
+            return -1;
+    return buf_need(&s->cls, n, 1);
+}
+
+/* Elements whose hash bucket is shared with another element (in increasing order). The rest
+ * are certainly unique, so only these go through the hash table: in typical text almost no
+ * n-gram repeats, and two cheap bit tests replace a table insert. */
+#define MAX_SUSPECT_LG 27
+static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out, size_t *nout)
+{
+    unsigned lg = 6;
+    while (lg < MAX_SUSPECT_LG && ((size_t)1 << lg) < 16 * m)
+        lg++;
+    size_t words = ((size_t)1 << lg) / 64;
+    if (buf_need(&s->seen, words, 8) || buf_need(&s->twice, words, 8))
+        return -1;
+    uint64_t *seen = (uint64_t *)s->seen.p, *twice = (uint64_t *)s->twice.p;
+    memset(seen, 0, words * 8);
+    memset(twice, 0, words * 8);
+    for (size_t i = 0; i < m; i++) {
+        size_t b = bucket(h[i], lg);
+        uint64_t bit = (uint64_t)1 << (b & 63);
+        twice[b >> 6] |= seen[b >> 6] & bit;
+        seen[b >> 6] |= bit;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < m; i++) {
+        size_t b = bucket(h[i], lg);
+        if (twice[b >> 6] & ((uint64_t)1 << (b & 63)))
+            out[n++] = (uint32_t)i;
+    }
+    *nout = n;
+    return 0;
+}
+
+/* UTF-8 -> codepoints; an invalid byte becomes U+FFFD (Arrow strings are valid UTF-8). */
+static size_t decode_utf8(const uint8_t *p, size_t nbytes, uint32_t *out)
+{
+    size_t i = 0, n = 0;
+    while (i < nbytes) {
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            out[n++] = c;
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        size_t extra;
+        if ((c & 0xE0) == 0xC0) {
+            cp = c & 0x1F;
+            extra = 1;
+        } else if ((c & 0xF0) == 0xE0) {
+            cp = c & 0x0F;
+            extra = 2;
+        } else if ((c & 0xF8) == 0xF0) {
+            cp = c & 0x07;
+            extra = 3;
+        } else {
+            out[n++] = 0xFFFD;
+            i++;
+            continue;
+        }
+        if (i + extra >= nbytes) {
+            out[n++] = 0xFFFD;
+            i++;
+            continue;
+        }
+        size_t j;
+        for (j = 1; j <= extra; j++) {
+            if ((p[i + j] & 0xC0) != 0x80)
+                break;
+            cp = (cp << 6) | (p[i + j] & 0x3F);
+        }
+        if (j <= extra || cp >= NCP) {
+            out[n++] = 0xFFFD;
+            i++;
+            continue;
+        }
+        out[n++] = cp;
+        i += extra + 1;
+    }
+    return n;
+}
+
+static inline uint64_t span_hash(const uint32_t *buf, uint32_t start, uint32_t len)
+{
+    uint64_t h = len;
+    for (uint32_t j = 0; j < len; j++)
+        h = h * POLY + (uint64_t)buf[start + j] + 1;
+    return fmix64(h);
+}
+
+static int cmp_desc_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x < y) - (x > y);
+}
+
+static inline float ratio(double num, double den) { return den > 0 ? (float)(num / den) : 0.0f; }
+
+static inline uint64_t power(uint64_t base, uint32_t e)
+{
+    uint64_t r = 1;
+    while (e--)
+        r *= base;
+    return r;
+}
+
+/* data-juicer character_repetition_filter over codepoint windows of length L. */
+static int char_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float *out)
+{
+    *out = 0.0f;
+    if (L == 0 || n < L)
+        return 0;
+    size_t m = n - L + 1;
+    uint64_t *h = (uint64_t *)s->h64a.p;
+    uint64_t top = power(POLY, L - 1), x = 0;
+    for (uint32_t j = 0; j < L; j++)
+        x = x * POLY + (uint64_t)cp[j] + 1;
+    h[0] = x;
+    for (size_t i = 1; i < m; i++) {
+        x = (x - ((uint64_t)cp[i - 1] + 1) * top) * POLY + (uint64_t)cp[i + L - 1] + 1;
+        h[i] = x;
+    }
+    uint32_t *sus = (uint32_t *)s->sus.p;
+    size_t ns;
+    if (find_suspects(s, h, m, sus, &ns))
+        return -1;
+    if (ns == 0)
+        return 0; /* every window distinct: nothing repeats */
+    if (table_reset(&s->t, ns))
+        return -1;
+    Eq e = {WINDOW, cp, NULL, NULL, L};
+    for (size_t j = 0; j < ns; j++)
+        table_add(&s->t, h[sus[j]], sus[j], &e);
+    size_t distinct = (m - ns) + s->t.nused, nrep = 0;
+    uint32_t *reps = (uint32_t *)s->reps.p;
+    for (size_t g = 0; g < s->t.nused; g++) {
+        uint32_t c = s->t.e[s->t.used[g]].count;
+        if (c > 1)
+            reps[nrep++] = c;
+    }
+    size_t k = (size_t)sqrt((double)distinct);
+    if (k > nrep)
+        k = nrep;
+    if (k == 0)
+        return 0;
+    qsort(reps, nrep, sizeof(uint32_t), cmp_desc_u32);
+    double sum = 0;
+    for (size_t j = 0; j < k; j++)
+        sum += reps[j];
+    *out = ratio(sum, (double)m);
+    return 0;
+}
+
+/* Polynomial hashes of every run of L consecutive word hashes (rolling). */
+static void gram_hashes(const uint64_t *wh, size_t nw, uint32_t L, uint64_t *out)
+{
+    size_t m = nw - L + 1;
+    uint64_t top = power(WORD_MIX, L - 1), x = 0;
+    for (uint32_t j = 0; j < L; j++)
+        x = x * WORD_MIX + wh[j];
+    out[0] = x;
+    for (size_t i = 1; i < m; i++) {
+        x = (x - wh[i - 1] * top) * WORD_MIX + wh[i + L - 1];
+        out[i] = x;
+    }
+}
+
+/* data-juicer word_repetition_filter: share of word L-grams whose frequency is > 1. Words
+ * split on space/newline/tab, trimmed of special characters, lower-cased. */
+static int word_rep(Scratch *s, const uint32_t *cp, const uint8_t *sp, size_t n, uint32_t L, float *out)
+{
+    *out = 0.0f;
+    uint32_t *ws = (uint32_t *)s->ws.p, *wl = (uint32_t *)s->wl.p;
+    const uint32_t *low = (const uint32_t *)s->low.p;
+    size_t nw = 0;
+    int64_t first = -1, last = -1;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || cp[i] == 32 || cp[i] == 10 || cp[i] == 9) {
+            if (first >= 0) {
+                ws[nw] = (uint32_t)first;
+                wl[nw] = (uint32_t)(last - first + 1);
+                nw++;
+            }
+            first = last = -1;
+        } else if (!sp[cp[i]]) {
+            if (first < 0)
+                first = (int64_t)i;
+            last = (int64_t)i;
+        }
+    }
+    if (L == 0 || nw < L)
+        return 0;
+    uint64_t *wh = (uint64_t *)s->h64b.p, *h = (uint64_t *)s->h64a.p;
+    for (size_t w = 0; w < nw; w++)
+        wh[w] = span_hash(low, ws[w], wl[w]);
+    size_t m = nw - L + 1;
+    gram_hashes(wh, nw, L, h);
+    uint32_t *sus = (uint32_t *)s->sus.p;
+    size_t ns;
+    if (find_suspects(s, h, m, sus, &ns))
+        return -1;
+    if (ns == 0)
+        return 0;
+    if (table_reset(&s->t, ns))
+        return -1;
+    Eq e = {SPANS, low, ws, wl, L};
+    for (size_t j = 0; j < ns; j++)
+        table_add(&s->t, h[sus[j]], sus[j], &e);
+    double rep = 0;
+    for (size_t g = 0; g < s->t.nused; g++) {
+        uint32_t c = s->t.e[s->t.used[g]].count;
+        if (c > 1)
+            rep += c;
+    }
+    *out = ratio(rep, (double)m);
+    return 0;
+}
+
+/* Gopher duplicate lines: lines are maximal runs of non-newline characters. */
+static int dup_lines(Scratch *s, const uint32_t *cp, size_t n, float *frac, float *char_frac)
+{
+    *frac = *char_frac = 0.0f;
+    uint32_t *ls = (uint32_t *)s->ws.p, *ll = (uint32_t *)s->wl.p;
+    size_t nl = 0, i = 0;
+    while (i < n) {
+        while (i < n && cp[i] == 10)
+            i++;
+        if (i >= n)
+            break;
+        size_t a = i;
+        while (i < n && cp[i] != 10)
+            i++;
+        ls[nl] = (uint32_t)a;
+        ll[nl] = (uint32_t)(i - a);
+        nl++;
+    }
+    if (nl < 2) {
+        return 0;
+    }
+    if (table_reset(&s->t, nl))
+        return -1;
+    Eq e = {SPAN, cp, ls, ll, 0};
+    double dl = 0, dc = 0;
+    for (size_t j = 0; j < nl; j++) {
+        size_t slot = table_add(&s->t, span_hash(cp, ls[j], ll[j]), (uint32_t)j, &e);
+        if (s->t.e[slot].first != j) {
+            dl += 1;
+            dc += ll[j];
+        }
+    }
+    *frac = ratio(dl, (double)nl);
+    *char_frac = ratio(dc, (double)n);
+    return 0;
+}
+
+/* Gopher word n-gram fractions. Grows n from 2 and follows only n-grams whose (n-1)-gram
+ * prefix repeats (an n-gram can repeat only if its prefix does). */
+static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, const uint8_t *is_top,
+                  const uint8_t *is_dup, int max_n, float *top_out, float *dup_out, int32_t *words_out)
+{
+    uint32_t *gs = (uint32_t *)s->ws.p, *gl = (uint32_t *)s->wl.p;
+    size_t nw = 0, i = 0;
+    while (i < n) {
+        uint8_t c = cls[i];
+        if (c == CLS_SPACE) {
+            i++;
+            continue;
+        }
+        size_t a = i++;
+        if (c == CLS_WORD)
+            while (i < n && cls[i] == CLS_WORD)
+                i++;
+        gs[nw] = (uint32_t)a;
+        gl[nw] = (uint32_t)(i - a);
+        nw++;
+    }
+    *words_out = (int32_t)nw;
+    if (nw < 2 || max_n < 2)
+        return 0;
+    uint64_t *wh = (uint64_t *)s->h64a.p, *raw = (uint64_t *)s->h64b.p, *raw2 = (uint64_t *)s->h64c.p;
+    for (size_t w = 0; w < nw; w++)
+        wh[w] = span_hash(cp, gs[w], gl[w]);
+    /* Bigrams: only those whose bucket is shared can repeat. */
+    gram_hashes(wh, nw, 2, raw);
+    uint32_t *cand = (uint32_t *)s->sus.p, *slot = (uint32_t *)s->slot.p;
+    size_t nc;
+    if (find_suspects(s, raw, nw - 1, cand, &nc))
+        return -1;
+    for (size_t c = 0; c < nc; c++)
+        raw2[c] = raw[cand[c]];
+    uint64_t *tmp = raw;
+    raw = raw2;
+    raw2 = tmp;
+    int32_t *cover = (int32_t *)s->cover.p;
+    double nchars = (double)n;
+    int ti = 0, di = 0;
+    for (int k = 2; k <= max_n && nc > 0; k++) {
+        if (table_reset(&s->t, nc))
+            return -1;
+        Eq e = {SPANS, cp, gs, gl, (uint32_t)k};
+        for (size_t c = 0; c < nc; c++)
+            slot[c] = (uint32_t)table_add(&s->t, raw[c], cand[c], &e);
+        if (is_top[k]) {
+            uint32_t best = 1, best_first = UINT32_MAX;
+            for (size_t g = 0; g < s->t.nused; g++) {
+                const Entry *x = &s->t.e[s->t.used[g]];
+                if (x->count > best || (x->count == best && x->count > 1 && x->first < best_first)) {
+                    best = x->count;
+                    best_first = x->first;
+                }
+            }
+            if (best > 1) {
+                uint64_t chars = (uint64_t)(k - 1);
+                for (int j = 0; j < k; j++)
+                    chars += gl[best_first + j];
+                top_out[ti] = (float)((double)(chars * best) / nchars);
+            }
+            ti++;
+        }
+        if (is_dup[k]) {
+            int any = 0;
+            for (size_t c = 0; c < nc && !any; c++)
+                any = s->t.e[slot[c]].first != cand[c];
+            double dc = 0;
+            if (any) {
+                memset(cover, 0, (nw + 1) * sizeof(int32_t));
+                for (size_t c = 0; c < nc; c++)
+                    if (s->t.e[slot[c]].first != cand[c]) {
+                        cover[cand[c]]++;
+                        cover[cand[c] + k]--;
+                    }
+                int32_t run = 0;
+                for (size_t w = 0; w < nw; w++) {
+                    run += cover[w];
+                    if (run > 0)
+                        dc += gl[w];
+                }
+            }
+            dup_out[di++] = ratio(dc, nchars);
+        }
+        if (k == max_n)
+            break;
+        size_t nn = 0;
+        for (size_t c = 0; c < nc; c++) {
+            uint32_t w = cand[c];
+            if (s->t.e[slot[c]].count > 1 && (size_t)w + k < nw) {
+                raw2[nn] = raw[c] * WORD_MIX + wh[w + k];
+                cand[nn] = w; /* nn <= c: in-place compaction is safe */
+                nn++;
+            }
+        }
+        tmp = raw;
+        raw = raw2;
+        raw2 = tmp;
+        nc = nn;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *name)
+{
+    if (PyObject_GetBuffer(obj, view, writable ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Format(PyExc_TypeError, "score_texts: %s must be a contiguous%s buffer", name,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *score_texts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_data, *o_starts, *o_ends, *o_groups, *o_cls, *o_sp, *o_low, *o_outf, *o_outi;
+    unsigned int char_len, word_len;
+    int ignore_ws;
+    const char *top_ns, *dup_ns;
+    Py_ssize_t n_top, n_dup;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOIIpy#y#", &o_data, &o_starts, &o_ends, &o_groups, &o_cls, &o_sp, &o_low,
+                          &o_outf, &o_outi, &char_len, &word_len, &ignore_ws, &top_ns, &n_top, &dup_ns, &n_dup))
+        return NULL;
+    Py_buffer data = {0}, starts = {0}, ends = {0}, groups = {0}, cls = {0}, sp = {0}, low = {0}, outf = {0},
+              outi = {0};
+    PyObject *result = NULL;
+    if (get_buf(o_data, &data, 0, "data") || get_buf(o_starts, &starts, 0, "starts") ||
+        get_buf(o_ends, &ends, 0, "ends") || get_buf(o_groups, &groups, 0, "groups") ||
+        get_buf(o_cls, &cls, 0, "cls") || get_buf(o_sp, &sp, 0, "special") || get_buf(o_low, &low, 0, "lower") ||
+        get_buf(o_outf, &outf, 1, "out_f") || get_buf(o_outi, &outi, 1, "out_i"))
+        goto done;
+    uint8_t is_top[MAX_N + 1] = {0}, is_dup[MAX_N + 1] = {0};
+    int max_n = 0;
+    for (Py_ssize_t j = 0; j < n_top + n_dup; j++) {
+        int k = (uint8_t)(j < n_top ? top_ns[j] : dup_ns[j - n_top]);
+        if (k < 2 || k > MAX_N) {
+            PyErr_Format(PyExc_ValueError, "score_texts: n-gram size %d outside 2..%d", k, MAX_N);
+            goto done;
+        }
+        if (j < n_top)
+            is_top[k] = 1;
+        else
+            is_dup[k] = 1;
+        if (k > max_n)
+            max_n = k;
+    }
+    /* Sizes in ascending order (the column order of out_f) must match the given order. */
+    for (Py_ssize_t j = 1; j < n_top; j++)
+        if ((uint8_t)top_ns[j] <= (uint8_t)top_ns[j - 1]) {
+            PyErr_SetString(PyExc_ValueError, "score_texts: top_ns must be strictly increasing");
+            goto done;
+        }
+    for (Py_ssize_t j = 1; j < n_dup; j++)
+        if ((uint8_t)dup_ns[j] <= (uint8_t)dup_ns[j - 1]) {
+            PyErr_SetString(PyExc_ValueError, "score_texts: dup_ns must be strictly increasing");
+            goto done;
+        }
+    if (groups.len % 8 || groups.len < 8 || starts.len % 8 || starts.len != ends.len) {
+        PyErr_SetString(PyExc_ValueError, "score_texts: starts/ends must be int64[segments], groups int64[n + 1]");
+        goto done;
+    }
+    size_t nt = (size_t)groups.len / 8 - 1, nseg = (size_t)starts.len / 8;
+    size_t ncol = 6 + (size_t)n_top + (size_t)n_dup;
+    if ((size_t)cls.len < NCP || (size_t)sp.len < NCP || (size_t)low.len < NCP * 4) {
+        PyErr_SetString(PyExc_ValueError, "score_texts: cls/special/lower tables must cover all codepoints");
+        goto done;
+    }
+    if ((size_t)outf.len < nt * ncol * 4 || (size_t)outi.len < nt * 3 * 4) {
+        PyErr_SetString(PyExc_ValueError, "score_texts: output buffers are too small");
+        goto done;
+    }
+    const int64_t *seg_a = (const int64_t *)starts.buf, *seg_b = (const int64_t *)ends.buf;
+    const int64_t *grp = (const int64_t *)groups.buf;
+    for (size_t j = 0; j < nseg; j++)
+        if (seg_a[j] < 0 || seg_b[j] < seg_a[j] || seg_b[j] > (int64_t)data.len) {
+            PyErr_SetString(PyExc_ValueError, "score_texts: segment offsets out of range");
+            goto done;
+        }
+    for (size_t t = 0; t < nt; t++)
+        if (grp[t] < 0 || grp[t + 1] < grp[t] || (size_t)grp[t + 1] > nseg) {
+            PyErr_SetString(PyExc_ValueError, "score_texts: groups out of range");
+            goto done;
+        }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Scratch s;
+    memset(&s, 0, sizeof(s));
+    const uint8_t *tcls = (const uint8_t *)cls.buf, *tsp = (const uint8_t *)sp.buf;
+    const uint32_t *tlow = (const uint32_t *)low.buf;
+    const uint8_t *bytes = (const uint8_t *)data.buf;
+    float *of = (float *)outf.buf;
+    int32_t *oi = (int32_t *)outi.buf;
+    for (size_t t = 0; t < nt && !failed; t++) {
+        /* Text t: its segments joined by "\n". */
+        size_t nb = 0;
+        for (int64_t j = grp[t]; j < grp[t + 1]; j++)
+            nb += (size_t)(seg_b[j] - seg_a[j]) + 1;
+        float *row = of + t * ncol;
+        memset(row, 0, ncol * sizeof(float));
+        if (scratch_need(&s, nb)) {
+            failed = 1;
+            break;
+        }
+        uint32_t *cp = (uint32_t *)s.cp.p, *lw = (uint32_t *)s.low.p;
+        uint8_t *cl = (uint8_t *)s.cls.p;
+        size_t n = 0;
+        for (int64_t j = grp[t]; j < grp[t + 1]; j++) {
+            if (j > grp[t])
+                cp[n++] = 10;
+            n += decode_utf8(bytes + seg_a[j], (size_t)(seg_b[j] - seg_a[j]), cp + n);
+        }
+        oi[t * 3] = (int32_t)n;
+        oi[t * 3 + 1] = 0;
+        oi[t * 3 + 2] = 0;
+        if (n == 0)
+            continue;
+        size_t rep = 0, special = 0;
+        int maybe_url = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t c = cp[i];
+            cl[i] = tcls[c];
+            lw[i] = tlow[c];
+            special += tsp[c];
+            if (i > 0 && c == cp[i - 1] && (!ignore_ws || cl[i] != CLS_SPACE))
+                rep++;
+            if ((c == ':' || c == 'w') && i + 3 <= n)
+                maybe_url |= (c == ':' && cp[i + 1] == '/' && cp[i + 2] == '/') ||
+                             (c == 'w' && i + 4 <= n && cp[i + 1] == 'w' && cp[i + 2] == 'w' && cp[i + 3] == '.');
+        }
+        oi[t * 3 + 2] = maybe_url;
+        row[0] = ratio((double)rep, (double)n);
+        row[1] = ratio((double)special, (double)n);
+        if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, tsp, n, word_len, &row[3]) ||
+            dup_lines(&s, cp, n, &row[4], &row[5]) ||
+            gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &oi[t * 3 + 1]))
+            failed = 1;
+    }
+    scratch_free(&s);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    PyBuffer_Release(&groups);
+    PyBuffer_Release(&cls);
+    PyBuffer_Release(&sp);
+    PyBuffer_Release(&low);
+    PyBuffer_Release(&outf);
+    PyBuffer_Release(&outi);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"score_texts", score_texts, METH_VARARGS, "Repetition scores of a batch of UTF-8 texts (see module source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qscore", "Compiled repetition scores.", -1, methods};
+
+PyMODINIT_FUNC PyInit__qscore(void) { return PyModule_Create(&module); }
