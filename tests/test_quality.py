@@ -280,3 +280,26 @@ def test_empty_batch_has_declared_columns():
 def test_config_errors_name_the_parameter(kwargs, bad):
     with pytest.raises(StageConfigError, match=bad):
         QualityStage(**kwargs)
+
+
+def _urls_by_finditer(text: str) -> tuple[int, int]:
+    count = chars = 0
+    for m in qs.URL_RE.finditer(text):
+        url = m.group(0).rstrip(".,;:!?)]}")
+        if len(url) > 4:
+            count, chars = count + 1, chars + len(url)
+    return count, chars
+
+
+def test_anchored_url_search_equals_finditer(shared_data):
+    # urls_in only tries the regex near "://" and "www."; it must find exactly what a plain
+    # finditer over the whole text finds, including nested, adjacent and malformed URLs.
+    rng = np.random.default_rng(11)
+    parts = ["http://", "https://a.b/", "www.", "ftp://x", "://", "abcdefghijklmnopqrstu://", "x", " ", "\n",
+             "see", ".", ")", "<", "git+ssh://h", "wwww.", "9ab://", "a" * 17 + "://z"]
+    texts = ["".join(rng.choice(parts, size=int(rng.integers(0, 25)))) for _ in range(3000)]
+    with open(shared_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json") as f:
+        texts += [t["value"] for r in json.load(f) for t in r["conversations"]]
+    for t in texts:
+        assert qs.urls_in(t) == _urls_by_finditer(t), t
+    assert sum(qs.urls_in(t)[0] > 0 for t in texts) > 500

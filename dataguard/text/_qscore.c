@@ -201,14 +201,15 @@ static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
 typedef struct {
     /* Shared between the scores, which run one after another: ws/wl hold the spans of
      * words or lines; h64a/b/c hold hashes. ~57 bytes per character of the longest text. */
-    Buf cp, low, cls, ws, wl, h64a, h64b, h64c, sus, slot, cover, reps, seen, twice;
+    Buf cp, low, cls, ws, wl, h64a, h64b, h64c, sus, slot, cover, reps, seen, twice, pc, pl, pw;
+    size_t npw; /* powers computed so far */
     Table t;
 } Scratch;
 
 static void scratch_free(Scratch *s)
 {
-    Buf *bufs[] = {&s->cp,   &s->low, &s->cls, &s->ws,   &s->wl,    &s->h64a, &s->h64b,
-                   &s->h64c, &s->sus, &s->slot, &s->cover, &s->reps, &s->seen, &s->twice};
+    Buf *bufs[] = {&s->cp,   &s->low,  &s->cls,   &s->ws,   &s->wl,   &s->h64a, &s->h64b, &s->h64c, &s->sus,
+                   &s->slot, &s->cover, &s->reps, &s->seen, &s->twice, &s->pc,   &s->pl,   &s->pw};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]->p);
     table_free(&s->t);
@@ -218,42 +219,50 @@ static int scratch_need(Scratch *s, size_t n)
 {
     n += 2;
     Buf *b32[] = {&s->cp, &s->low, &s->ws, &s->wl, &s->sus, &s->slot, &s->cover, &s->reps};
-    Buf *b64[] = {&s->h64a, &s->h64b, &s->h64c};
+    Buf *b64[] = {&s->h64a, &s->h64b, &s->h64c, &s->pc, &s->pl};
     for (size_t i = 0; i < sizeof(b32) / sizeof(b32[0]); i++)
         if (buf_need(b32[i], n, 4))
             return -1;
     for (size_t i = 0; i < sizeof(b64) / sizeof(b64[0]); i++)
         if (buf_need(b64[i], n, 8))
             return -1;
+    if (buf_need(&s->pw, n, 8))
+        return -1;
+    uint64_t *pw = (uint64_t *)s->pw.p;
+    if (s->npw == 0) {
+        pw[0] = 1;
+        s->npw = 1;
+    }
+    for (; s->npw < n; s->npw++)
+        pw[s->npw] = pw[s->npw - 1] * POLY;
     return buf_need(&s->cls, n, 1);
 }
 
 /* Elements whose hash bucket is shared with another element (in increasing order). The rest
- * are certainly unique, so only these go through the hash table: in typical text almost no
- * n-gram repeats, and two cheap bit tests replace a table insert. */
-#define MAX_SUSPECT_LG 27
+ * are certainly unique, so only these go through the hash table: in typical text few
+ * n-grams repeat, and a byte-counter update replaces a table insert. 16 buckets per element
+ * keep false suspects near 1 in 16. */
+#define MAX_SUSPECT_LG 26
 static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out, size_t *nout)
 {
     unsigned lg = 6;
     while (lg < MAX_SUSPECT_LG && ((size_t)1 << lg) < 16 * m)
         lg++;
-    size_t words = ((size_t)1 << lg) / 64;
-    if (buf_need(&s->seen, words, 8) || buf_need(&s->twice, words, 8))
+    size_t nb = (size_t)1 << lg;
+    if (buf_need(&s->seen, nb, 1) || buf_need(&s->twice, m, 4))
         return -1;
-    uint64_t *seen = (uint64_t *)s->seen.p, *twice = (uint64_t *)s->twice.p;
-    memset(seen, 0, words * 8);
-    memset(twice, 0, words * 8);
+    uint8_t *cnt = (uint8_t *)s->seen.p;
+    uint32_t *bk = (uint32_t *)s->twice.p;
+    memset(cnt, 0, nb);
     for (size_t i = 0; i < m; i++) {
-        size_t b = bucket(h[i], lg);
-        uint64_t bit = (uint64_t)1 << (b & 63);
-        twice[b >> 6] |= seen[b >> 6] & bit;
-        seen[b >> 6] |= bit;
+        uint32_t b = (uint32_t)bucket(h[i], lg);
+        bk[i] = b;
+        cnt[b] = (uint8_t)(1 + (cnt[b] != 0));
     }
     size_t n = 0;
     for (size_t i = 0; i < m; i++) {
-        size_t b = bucket(h[i], lg);
-        if (twice[b >> 6] & ((uint64_t)1 << (b & 63)))
-            out[n++] = (uint32_t)i;
+        out[n] = (uint32_t)i;
+        n += cnt[bk[i]] > 1;
     }
     *nout = n;
     return 0;
@@ -262,6 +271,14 @@ static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out,
 /* UTF-8 -> codepoints; an invalid byte becomes U+FFFD (Arrow strings are valid UTF-8). */
 static size_t decode_utf8(const uint8_t *p, size_t nbytes, uint32_t *out)
 {
+    uint8_t high = 0;
+    for (size_t j = 0; j < nbytes; j++) /* all ASCII? (vectorised by the compiler) */
+        high |= p[j];
+    if (high < 0x80) {
+        for (size_t j = 0; j < nbytes; j++)
+            out[j] = p[j];
+        return nbytes;
+    }
     size_t i = 0, n = 0;
     while (i < nbytes) {
         uint8_t c = p[i];
@@ -308,12 +325,11 @@ static size_t decode_utf8(const uint8_t *p, size_t nbytes, uint32_t *out)
     return n;
 }
 
-static inline uint64_t span_hash(const uint32_t *buf, uint32_t start, uint32_t len)
+/* Hash of buf[start .. start+len) from the prefix hashes P[i] = sum_{j<i} (buf[j]+1) POLY^(i-1-j)
+ * (mod 2**64): one multiply per span, no per-character loop and no dependency chain. */
+static inline uint64_t span_hash(const uint64_t *P, const uint64_t *pw, uint32_t start, uint32_t len)
 {
-    uint64_t h = len;
-    for (uint32_t j = 0; j < len; j++)
-        h = h * POLY + (uint64_t)buf[start + j] + 1;
-    return fmix64(h);
+    return P[start + len] - P[start] * pw[len];
 }
 
 static int cmp_desc_u32(const void *a, const void *b)
@@ -340,14 +356,9 @@ static int char_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float 
         return 0;
     size_t m = n - L + 1;
     uint64_t *h = (uint64_t *)s->h64a.p;
-    uint64_t top = power(POLY, L - 1), x = 0;
-    for (uint32_t j = 0; j < L; j++)
-        x = x * POLY + (uint64_t)cp[j] + 1;
-    h[0] = x;
-    for (size_t i = 1; i < m; i++) {
-        x = (x - ((uint64_t)cp[i - 1] + 1) * top) * POLY + (uint64_t)cp[i + L - 1] + 1;
-        h[i] = x;
-    }
+    const uint64_t *P = (const uint64_t *)s->pc.p, pL = ((const uint64_t *)s->pw.p)[L];
+    for (size_t i = 0; i < m; i++)
+        h[i] = P[i + L] - P[i] * pL;
     uint32_t *sus = (uint32_t *)s->sus.p;
     size_t ns;
     if (find_suspects(s, h, m, sus, &ns))
@@ -419,8 +430,9 @@ static int word_rep(Scratch *s, const uint32_t *cp, const uint8_t *sp, size_t n,
     if (L == 0 || nw < L)
         return 0;
     uint64_t *wh = (uint64_t *)s->h64b.p, *h = (uint64_t *)s->h64a.p;
+    const uint64_t *P = (const uint64_t *)s->pl.p, *pw = (const uint64_t *)s->pw.p;
     for (size_t w = 0; w < nw; w++)
-        wh[w] = span_hash(low, ws[w], wl[w]);
+        wh[w] = span_hash(P, pw, ws[w], wl[w]);
     size_t m = nw - L + 1;
     gram_hashes(wh, nw, L, h);
     uint32_t *sus = (uint32_t *)s->sus.p;
@@ -468,9 +480,10 @@ static int dup_lines(Scratch *s, const uint32_t *cp, size_t n, float *frac, floa
     if (table_reset(&s->t, nl))
         return -1;
     Eq e = {SPAN, cp, ls, ll, 0};
+    const uint64_t *P = (const uint64_t *)s->pc.p, *pw = (const uint64_t *)s->pw.p;
     double dl = 0, dc = 0;
     for (size_t j = 0; j < nl; j++) {
-        size_t slot = table_add(&s->t, span_hash(cp, ls[j], ll[j]), (uint32_t)j, &e);
+        size_t slot = table_add(&s->t, span_hash(P, pw, ls[j], ll[j]), (uint32_t)j, &e);
         if (s->t.e[slot].first != j) {
             dl += 1;
             dc += ll[j];
@@ -506,8 +519,9 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     if (nw < 2 || max_n < 2)
         return 0;
     uint64_t *wh = (uint64_t *)s->h64a.p, *raw = (uint64_t *)s->h64b.p, *raw2 = (uint64_t *)s->h64c.p;
+    const uint64_t *P = (const uint64_t *)s->pc.p, *pw = (const uint64_t *)s->pw.p;
     for (size_t w = 0; w < nw; w++)
-        wh[w] = span_hash(cp, gs[w], gl[w]);
+        wh[w] = span_hash(P, pw, gs[w], gl[w]);
     /* Bigrams: only those whose bucket is shared can repeat. */
     gram_hashes(wh, nw, 2, raw);
     uint32_t *cand = (uint32_t *)s->sus.p, *slot = (uint32_t *)s->slot.p;
@@ -702,10 +716,16 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
             continue;
         size_t rep = 0, special = 0;
         int maybe_url = 0;
+        uint64_t *pc = (uint64_t *)s.pc.p, *pl = (uint64_t *)s.pl.p, hc = 0, hl = 0;
+        pc[0] = pl[0] = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t c = cp[i];
             cl[i] = tcls[c];
             lw[i] = tlow[c];
+            hc = hc * POLY + c + 1;
+            hl = hl * POLY + lw[i] + 1;
+            pc[i + 1] = hc;
+            pl[i + 1] = hl;
             special += tsp[c];
             if (i > 0 && c == cp[i - 1] && (!ignore_ws || cl[i] != CLS_SPACE))
                 rep++;

@@ -62,6 +62,8 @@ _TEXT_BITS = 11
 _HASH_BITS = 64 - _POS_BITS - _TEXT_BITS
 _CHUNK = 1 << 16  # elements per sort: cache-sized (sorting 64k uint64 is ~5x faster per element than 2M)
 
+_SCHEME_MAX = 16  # a scheme is a letter plus 1-15 more characters
+_ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 URL_RE = re.compile(r"(?:[a-zA-Z][a-zA-Z0-9+.\-]{1,15}://|www\.)[^\s<>\"'`]+")
 _URL_TRAIL = ".,;:!?)]}"
 
@@ -360,13 +362,33 @@ def url_stats(tb: TextBatch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def urls_in(text: str) -> tuple[int, int]:
-    """(number of URLs, characters inside them) of one text; trailing punctuation excluded."""
+    """(number of URLs, characters inside them) of one text; trailing punctuation excluded.
+
+    The same matches as ``URL_RE.finditer(text)``, found faster: a match needs a "://" at
+    most 16 characters after its start, or starts at "www.", so the regex is only tried at
+    the few positions before each such anchor instead of at every letter of the text.
+    """
     count = chars = 0
-    for m in URL_RE.finditer(text):
+    pos, n = 0, len(text)
+    while pos < n:
+        a, b = text.find("://", pos), text.find("www.", pos)
+        q = a if b < 0 or (0 <= a < b) else b
+        if q < 0:
+            break
+        m = None
+        for start in range(max(pos, q - _SCHEME_MAX - 1), q + 1):
+            if text[start] in _ASCII_LETTERS:  # both alternatives start with a letter
+                m = URL_RE.match(text, start)
+                if m:
+                    break
+        if m is None:
+            pos = q + 1
+            continue
         url = m.group(0).rstrip(_URL_TRAIL)
         if len(url) > 4:
             count += 1
             chars += len(url)
+        pos = m.end()
     return count, chars
 
 

@@ -183,7 +183,7 @@ class Tokenizer(ABC):
         lists are counted, never turned into arrays, unless a stage here also wants the ids."""
         cache = _cache_for(self.name)
         if not cache.enabled:
-            return np.fromiter(map(len, self._encode_lists(texts)), dtype=np.int64, count=len(texts))
+            return np.array(self._count_uncached(texts), dtype=np.int64).reshape(len(texts))
         out = np.zeros(len(texts), dtype=np.int64)
         missing = []
         for i, t in enumerate(texts):
@@ -194,11 +194,13 @@ class Tokenizer(ABC):
                 out[i] = c
         if missing:
             todo = list(dict.fromkeys(texts[i] for i in missing))
-            lists = self._encode_lists(todo)
-            counts = dict(zip(todo, map(len, lists), strict=True))
             if cache.want_ids:
+                lists = self._encode_lists(todo)
+                counts = dict(zip(todo, map(len, lists), strict=True))
                 for text, ids in zip(todo, _split_flat(lists), strict=True):
                     cache.put(text, ids.copy())
+            else:
+                counts = dict(zip(todo, self._count_uncached(todo), strict=True))
             for text, c in counts.items():
                 cache.put_count(text, c)
             for i in missing:
@@ -212,6 +214,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text as Python lists: the tokenizer call itself."""
+
+    def _count_uncached(self, texts: Sequence[str]) -> list[int]:
+        """Token counts of each text (subclasses may avoid holding every id list at once)."""
+        return [len(ids) for ids in self._encode_lists(texts)]
 
     @abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -284,18 +290,30 @@ class QwenTokenizer(Tokenizer):
         return self._enc
 
     def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
-        encode = self._encoding().encode_ordinary
+        enc = self._encoding()
+        # tiktoken's Rust core directly (Encoding.encode_ordinary is a thin wrapper around it).
+        encode = getattr(getattr(enc, "_core_bpe", None), "encode_ordinary", enc.encode_ordinary)
         is_nfc = unicodedata.is_normalized
         nfc = unicodedata.normalize
-        # Qwen normalizes to NFC before BPE; special-token strings inside user text are
-        # counted as the plain text they are (encode_ordinary), never as control tokens.
-        lists = []
-        for t in texts:
-            try:
-                lists.append(encode(t if is_nfc("NFC", t) else nfc("NFC", t)))
-            except UnicodeEncodeError:  # lone surrogates (only from Python callers; Arrow holds valid UTF-8)
-                lists.append(encode(nfc("NFC", t.encode("utf-8", "replace").decode("utf-8"))))
-        return lists
+        # Qwen normalizes to NFC before BPE (ASCII text always is NFC: a flag test, no scan);
+        # special-token strings inside user text are counted as the plain text they are
+        # (encode_ordinary), never as control tokens.
+        try:
+            return [encode(t if t.isascii() or is_nfc("NFC", t) else nfc("NFC", t)) for t in texts]
+        except UnicodeEncodeError:  # lone surrogates (only from Python callers; Arrow holds valid UTF-8)
+            return [encode(nfc("NFC", t.encode("utf-8", "replace").decode("utf-8"))) for t in texts]
+
+    def _count_uncached(self, texts: Sequence[str]) -> list[int]:
+        # Same as _encode_lists, but each id list is dropped as soon as it is counted: keeping
+        # a batch of lists alive costs ~8% of the BPE time in allocation and cache misses.
+        enc = self._encoding()
+        encode = getattr(getattr(enc, "_core_bpe", None), "encode_ordinary", enc.encode_ordinary)
+        is_nfc = unicodedata.is_normalized
+        nfc = unicodedata.normalize
+        try:
+            return [len(encode(t if t.isascii() or is_nfc("NFC", t) else nfc("NFC", t))) for t in texts]
+        except UnicodeEncodeError:
+            return [len(ids) for ids in self._encode_lists(texts)]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self._encoding().decode([int(i) for i in ids], errors="replace")
