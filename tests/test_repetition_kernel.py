@@ -74,6 +74,18 @@ def test_kernel_equals_reference_on_repetitive_random_text(spec):
     _assert_same(texts, spec)
 
 
+def test_kernel_urls_equal_the_regex():
+    # The kernel implements URL_RE's matching rules in C: random URL-dense texts (nested,
+    # adjacent, over-long schemes, Unicode whitespace, trailing punctuation) against the regex.
+    rng = np.random.default_rng(13)
+    parts = ["http://", "https://a.b/", "www.", "ftp://x", "://", "abcdefghijklmnopqrstu://", "x", " ", "\n",
+             "see", ".", ")", "<", "git+ssh://h", "wwww.", "9ab://", "a" * 15 + "://z", "a" * 16 + "://z",
+             "\u00a0", "\u2003", "é://", "W://x", "`", "'", "www.x", "?!", "}"]
+    texts = ["".join(rng.choice(parts, size=int(rng.integers(0, 30)))) for _ in range(5000)]
+    s = _assert_same(texts)
+    assert (s["url_count"] > 0).sum() > 2000 and s["url_count"].max() >= 5
+
+
 def _thue_morse(n: int) -> str:
     return "".join("ab"[bin(i).count("1") % 2] for i in range(n))
 
@@ -121,7 +133,7 @@ def test_bad_arguments_raise_clear_errors():
     t = qs._tables()
     starts, ends, groups = np.array([0], np.int64), np.array([3], np.int64), np.array([0, 1], np.int64)
     of = np.zeros((1, 15), np.float32)
-    oi = np.zeros((1, 3), np.int32)
+    oi = np.zeros((1, 4), np.int32)
     tables = (t["cls"], t["special"].view(np.uint8), t["lower"])
     params = (10, 10, True)
 
@@ -129,7 +141,7 @@ def test_bad_arguments_raise_clear_errors():
         _qscore.score_texts(data, s, e, g, *tables, out_f, oi, *params, top, dup)
 
     call()  # the valid call
-    assert of[0].tolist()[:2] == [0.0, 0.0] and oi[0].tolist() == [3, 1, 0]
+    assert of[0].tolist()[:2] == [0.0, 0.0] and oi[0].tolist() == [3, 1, 0, 0]
     with pytest.raises(ValueError, match="n-gram size 1"):
         call(top=bytes([1]))
     with pytest.raises(ValueError, match="increasing"):

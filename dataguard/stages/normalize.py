@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.records import (
@@ -132,7 +133,7 @@ class _Mapped:
 
 def find_placeholders(text: str) -> list[str]:
     """Unfilled template slots in `text`, ignoring Markdown code (see module docstring)."""
-    if "{{" not in text and "<<" not in text:
+    if not (("{" in text and "{{" in text) or ("<" in text and "<<" in text)):  # memchr first: fast
         return []
     if "`" in text:
         text = _INLINE_CODE.sub(" ", _CODE_FENCE.sub(" ", text))
@@ -572,14 +573,15 @@ class Normalizer(Stage):
         if not flat.index:
             return slow
         k = len(flat.index)
+        positions = pa.array(batch.positions, pa.int64()).take(pa.array(flat.index, pa.int64()))
         fast = pa.Table.from_arrays(
             [
-                pa.array([batch.row_id(i) for i in flat.index], pa.string()),
-                pa.array([source] * k, pa.string()),
+                pc.binary_join_element_wise(pa.scalar(f"{source}:"), positions.cast(pa.string()), ""),
+                pa.repeat(source, k),
                 two_turn_messages(flat.user, flat.assistant, MESSAGES_TYPE, MESSAGE_TYPE),
                 pa.nulls(k, pa.string()),
                 pa.nulls(k, pa.string()),
-                pa.array(["alpaca"] * k, pa.string()),
+                pa.repeat("alpaca", k),
             ],
             schema=self.schema,
         )

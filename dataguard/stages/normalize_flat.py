@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from dataguard.io.raw import SourceOptions
@@ -28,20 +29,28 @@ class FlatRows:
     """Rows (indices into the batch) mapped by the fast path, with their two turns."""
 
     index: list[int]
-    user: list[str]
-    assistant: list[str]
+    user: pa.Array
+    assistant: pa.Array
+
+
+def _may_hold_slot(text: str) -> bool:
+    # One-character membership tests run as memchr; "{{" in text is ~15x slower in CPython.
+    return ("{" in text and "{{" in text) or ("<" in text and "<<" in text)
 
 
 def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], options: SourceOptions,
                       allowed_roles: frozenset[str], check_placeholders: bool) -> FlatRows:
     """The rows of a batch that are plain Alpaca records passing every normalization check."""
+    empty = FlatRows([], pa.array([], pa.string()), pa.array([], pa.string()))
     if options.format not in ("auto", "alpaca") or options.aliases or not {"user", "assistant"} <= allowed_roles:
-        return FlatRows([], [], [])
+        return empty
     # Shape: a dict with only Alpaca keys, string instruction and output, string-or-absent input.
     idx = [i for i, r in enumerate(records)
            if errors[i] is None and type(r) is dict and r.keys() <= PLAIN_KEYS
            and type(r.get("instruction")) is str and type(r.get("output")) is str
            and type(r.get("input", "")) is str]
+    if not idx:
+        return empty
     recs = [records[i] for i in idx]
     # The user turn: instruction and input joined by "\n", empty parts skipped (as _join does).
     users = [(a + "\n" + b if b else a) if a else b
@@ -50,24 +59,25 @@ def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], opti
     # Checks: both turns have text; no "{{" / "<<" that could be an unfilled slot (those rows
     # take the per-record path, which knows about code blocks and GSM8K annotations).
     if check_placeholders:
-        ok = [bool(u.strip()) and bool(o.strip()) and "{{" not in u and "<<" not in u and "{{" not in o
-              and "<<" not in o for u, o in zip(users, outs, strict=True)]
+        ok = [bool(u.strip()) and bool(o.strip()) and not _may_hold_slot(u) and not _may_hold_slot(o)
+              for u, o in zip(users, outs, strict=True)]
     else:
         ok = [bool(u.strip()) and bool(o.strip()) for u, o in zip(users, outs, strict=True)]
-    if all(ok):
-        return FlatRows(idx, users, outs)
-    keep = [j for j, good in enumerate(ok) if good]
-    return FlatRows([idx[j] for j in keep], [users[j] for j in keep], [outs[j] for j in keep])
+    if not all(ok):
+        keep = [j for j, good in enumerate(ok) if good]
+        idx, users, outs = [idx[j] for j in keep], [users[j] for j in keep], [outs[j] for j in keep]
+    return FlatRows(idx, pa.array(users, pa.string()), pa.array(outs, pa.string()))
 
 
-def two_turn_messages(users: list[str], assistants: list[str], messages_type: pa.DataType,
+def two_turn_messages(users: pa.Array, assistants: pa.Array, messages_type: pa.DataType,
                       message_type: pa.DataType) -> pa.Array:
     """The messages column [{user}, {assistant}] per row, built from flat buffers."""
     n = len(users)
-    contents: list[str | None] = [None] * (2 * n)
-    contents[0::2] = users
-    contents[1::2] = assistants
-    roles = pa.array(["user", "assistant"] * n, pa.string())
-    values = pa.StructArray.from_arrays([roles, pa.array(contents, pa.string())], fields=list(message_type))
-    offsets = pa.array(range(0, 2 * n + 1, 2), pa.int32())
+    interleave = np.empty(2 * n, dtype=np.int64)
+    interleave[0::2] = np.arange(n)
+    interleave[1::2] = np.arange(n, 2 * n)
+    contents = pa.concat_arrays([users, assistants]).take(pa.array(interleave))
+    roles = pa.array(["user", "assistant"], pa.string()).take(pa.array(np.tile(np.array([0, 1]), n)))
+    values = pa.StructArray.from_arrays([roles, contents], fields=list(message_type))
+    offsets = pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, values).cast(messages_type)

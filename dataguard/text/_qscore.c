@@ -8,7 +8,7 @@
  * is decoded once into a small scratch buffer that stays in cache, and n-grams are grouped
  * with an open-addressing hash table. Groups are exact: on a hash match the underlying
  * codepoints (or word ids) are compared, so a hash collision can never merge two n-grams.
- * URL counting stays in Python (a regex over the few texts that contain "://" or "www.").
+ * URLs are found with the same rules as quality_scores.URL_RE (see count_urls).
  *
  * Entry point: score_texts(data, starts, ends, groups, cls, special, lower, out_f, out_i,
  *                          char_rep_len, word_rep_len, ignore_ws, top_ns, dup_ns)
@@ -21,7 +21,7 @@
  *   special  uint8[0x110000]  data-juicer "special character" flag
  *   lower    uint32[0x110000] lower-case mapping
  *   out_f    float32[n * (6 + len(top_ns) + len(dup_ns))], row-major, written
- *   out_i    int32[n * 3] (characters, Gopher words, contains "://" or "www."), written
+ *   out_i    int32[n * 4] (characters, Gopher words, URLs, characters inside URLs), written
  *   top_ns, dup_ns  bytes of n-gram sizes (2..20)
  * The GIL is released while scoring.
  */
@@ -269,12 +269,22 @@ static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out,
 }
 
 /* UTF-8 -> codepoints; an invalid byte becomes U+FFFD (Arrow strings are valid UTF-8). */
-static size_t decode_utf8(const uint8_t *p, size_t nbytes, uint32_t *out)
+static int all_ascii(const uint8_t *p, size_t nbytes)
 {
-    uint8_t high = 0;
-    for (size_t j = 0; j < nbytes; j++) /* all ASCII? (vectorised by the compiler) */
+    uint64_t high = 0, w;
+    size_t j = 0;
+    for (; j + 8 <= nbytes; j += 8) {
+        memcpy(&w, p + j, 8);
+        high |= w;
+    }
+    for (; j < nbytes; j++)
         high |= p[j];
-    if (high < 0x80) {
+    return (high & 0x8080808080808080ULL) == 0;
+}
+
+static size_t decode_utf8(const uint8_t *restrict p, size_t nbytes, uint32_t *restrict out)
+{
+    if (all_ascii(p, nbytes)) {
         for (size_t j = 0; j < nbytes; j++)
             out[j] = p[j];
         return nbytes;
@@ -599,6 +609,73 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     return 0;
 }
 
+/* URLs exactly as quality_scores.URL_RE.finditer finds them, trailing punctuation excluded:
+ * (scheme "://" | "www.") followed by characters other than whitespace and <>"'`. A match
+ * needs "://" at most 16 characters after its start, or starts at "www.", so only the
+ * letters just before such an anchor are tried as starts. */
+static inline int is_ascii_letter(uint32_t c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
+static inline int is_scheme_char(uint32_t c)
+{
+    return is_ascii_letter(c) || (c >= '0' && c <= '9') || c == '+' || c == '.' || c == '-';
+}
+static inline int url_excluded(uint32_t c, const uint8_t *cls)
+{
+    return cls[c] == CLS_SPACE || c == '<' || c == '>' || c == '"' || c == '\'' || c == '`';
+}
+static inline int is_trail(uint32_t c)
+{
+    return c == '.' || c == ',' || c == ';' || c == ':' || c == '!' || c == '?' || c == ')' || c == ']' || c == '}';
+}
+
+/* Whether a URL match starts at p: "scheme://" or "www." (tried in the regex's order; the
+ * scheme can fail where "www." still matches), then at least one allowed character. */
+static int url_starts_at(const uint32_t *cp, size_t n, size_t p, const uint8_t *tcls)
+{
+    if (!is_ascii_letter(cp[p]))
+        return 0;
+    size_t r = p + 1;
+    while (r < n && r - p <= 16 && is_scheme_char(cp[r]))
+        r++;
+    if (r - p >= 2 && r - p <= 16 && r + 3 < n && cp[r] == ':' && cp[r + 1] == '/' && cp[r + 2] == '/' &&
+        !url_excluded(cp[r + 3], tcls))
+        return 1;
+    return p + 4 < n && cp[p] == 'w' && cp[p + 1] == 'w' && cp[p + 2] == 'w' && cp[p + 3] == '.' &&
+           !url_excluded(cp[p + 4], tcls);
+}
+
+static void count_urls(const uint32_t *cp, const uint8_t *tcls, size_t n, int32_t *count, int32_t *chars)
+{
+    size_t pos = 0;
+    *count = *chars = 0;
+    while (pos < n) {
+        size_t q = pos; /* next anchor */
+        while (q < n && !((cp[q] == ':' && q + 3 <= n && cp[q + 1] == '/' && cp[q + 2] == '/') ||
+                          (cp[q] == 'w' && q + 4 <= n && cp[q + 1] == 'w' && cp[q + 2] == 'w' && cp[q + 3] == '.')))
+            q++;
+        if (q >= n)
+            break;
+        size_t p = q > pos + 17 ? q - 17 : pos;
+        while (p <= q && !url_starts_at(cp, n, p, tcls))
+            p++;
+        if (p > q) {
+            pos = q + 1;
+            continue;
+        }
+        /* Both prefixes are made of allowed characters: the match runs to the next excluded one. */
+        size_t e = p;
+        while (e < n && !url_excluded(cp[e], tcls))
+            e++;
+        size_t k = e;
+        while (k > p && is_trail(cp[k - 1]))
+            k--;
+        if (k - p > 4) {
+            (*count)++;
+            *chars += (int32_t)(k - p);
+        }
+        pos = e;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *name)
 {
@@ -665,7 +742,7 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "score_texts: cls/special/lower tables must cover all codepoints");
         goto done;
     }
-    if ((size_t)outf.len < nt * ncol * 4 || (size_t)outi.len < nt * 3 * 4) {
+    if ((size_t)outf.len < nt * ncol * 4 || (size_t)outi.len < nt * 4 * 4) {
         PyErr_SetString(PyExc_ValueError, "score_texts: output buffers are too small");
         goto done;
     }
@@ -702,43 +779,45 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
             break;
         }
         uint32_t *cp = (uint32_t *)s.cp.p, *lw = (uint32_t *)s.low.p;
-        uint8_t *cl = (uint8_t *)s.cls.p;
         size_t n = 0;
         for (int64_t j = grp[t]; j < grp[t + 1]; j++) {
             if (j > grp[t])
                 cp[n++] = 10;
             n += decode_utf8(bytes + seg_a[j], (size_t)(seg_b[j] - seg_a[j]), cp + n);
         }
-        oi[t * 3] = (int32_t)n;
-        oi[t * 3 + 1] = 0;
-        oi[t * 3 + 2] = 0;
+        oi[t * 4] = (int32_t)n;
+        oi[t * 4 + 1] = oi[t * 4 + 2] = oi[t * 4 + 3] = 0;
         if (n == 0)
             continue;
         size_t rep = 0, special = 0;
         int maybe_url = 0;
         uint64_t *pc = (uint64_t *)s.pc.p, *pl = (uint64_t *)s.pl.p, hc = 0, hl = 0;
+        uint8_t *cl = (uint8_t *)s.cls.p;
+        uint32_t prev_c = 0xFFFFFFFFu;
         pc[0] = pl[0] = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t c = cp[i];
-            cl[i] = tcls[c];
-            lw[i] = tlow[c];
+            uint8_t k = tcls[c];
+            uint32_t lc = tlow[c];
+            cl[i] = k;
+            lw[i] = lc;
             hc = hc * POLY + c + 1;
-            hl = hl * POLY + lw[i] + 1;
+            hl = hl * POLY + lc + 1;
             pc[i + 1] = hc;
             pl[i + 1] = hl;
             special += tsp[c];
-            if (i > 0 && c == cp[i - 1] && (!ignore_ws || cl[i] != CLS_SPACE))
-                rep++;
-            if ((c == ':' || c == 'w') && i + 3 <= n)
-                maybe_url |= (c == ':' && cp[i + 1] == '/' && cp[i + 2] == '/') ||
-                             (c == 'w' && i + 4 <= n && cp[i + 1] == 'w' && cp[i + 2] == 'w' && cp[i + 3] == '.');
+            rep += (c == prev_c) & (!ignore_ws | (k != CLS_SPACE));
+            /* "://" or "www." need "//" or "w.": a cheap superset test before count_urls. */
+            maybe_url |= ((c == '/') & (prev_c == '/')) | ((c == '.') & (prev_c == 'w'));
+            prev_c = c;
         }
-        oi[t * 3 + 2] = maybe_url;
+        if (maybe_url)
+            count_urls(cp, tcls, n, &oi[t * 4 + 2], &oi[t * 4 + 3]);
         row[0] = ratio((double)rep, (double)n);
         row[1] = ratio((double)special, (double)n);
         if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, tsp, n, word_len, &row[3]) ||
             dup_lines(&s, cp, n, &row[4], &row[5]) ||
-            gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &oi[t * 3 + 1]))
+            gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &oi[t * 4 + 1]))
             failed = 1;
     }
     scratch_free(&s);

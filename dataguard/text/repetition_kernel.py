@@ -4,14 +4,14 @@ The compiled kernel (``dataguard.text._qscore``, built from ``_qscore.c`` at ins
 reads the Arrow UTF-8 buffer directly and scores each text in one cache-resident pass. Where
 it could not be built (no C compiler), the NumPy reference in ``quality_scores`` computes
 the same numbers; ``tests/test_repetition_kernel.py`` holds the two to exact agreement.
-URLs are counted the same way on both paths: a regex over the texts that contain "://" or
-"www." (found by an Arrow substring scan).
+URLs: the kernel implements ``quality_scores.URL_RE``'s matching rules directly; the
+reference runs the regex.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,8 +82,7 @@ def score_strings(arr: pa.Array | pa.ChunkedArray | Sequence[str], spec: ScoreSp
         return _reference(arr, spec)
     n = len(arr)
     offs = _byte_offsets(arr) if n else np.zeros(1, dtype=np.int64)
-    return _kernel(arr, offs[:-1], offs[1:], np.arange(n + 1, dtype=np.int64), spec,
-                   lambda i: arr[i].as_py())
+    return _kernel(arr, offs[:-1], offs[1:], np.arange(n + 1, dtype=np.int64), spec)
 
 
 def score_segments(content: pa.Array | pa.ChunkedArray, segments: np.ndarray, groups: np.ndarray,
@@ -99,19 +98,15 @@ def score_segments(content: pa.Array | pa.ChunkedArray, segments: np.ndarray, gr
         lists = pa.ListArray.from_arrays(pa.array(groups.astype(np.int32)), content.take(pa.array(segments)))
         return _reference(_as_large_string(pc.binary_join(lists, "\n")), spec)
     offs = _byte_offsets(content) if len(content) else np.zeros(1, dtype=np.int64)
-
-    def text(i: int) -> str:
-        return "\n".join(content[int(j)].as_py() for j in segments[groups[i]:groups[i + 1]])
-
-    return _kernel(content, offs[segments], offs[segments + 1], groups, spec, text)
+    return _kernel(content, offs[segments], offs[segments + 1], groups, spec)
 
 
-def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndarray, spec: ScoreSpec,
-            text_of: Callable[[int], str]) -> dict[str, np.ndarray]:
+def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndarray,
+            spec: ScoreSpec) -> dict[str, np.ndarray]:
     n = len(groups) - 1
     names = spec.names()
     out_f = np.zeros((n, len(names)), dtype=np.float32)
-    out_i = np.zeros((n, 3), dtype=np.int32)
+    out_i = np.zeros((n, 4), dtype=np.int32)
     if n:
         tables = qs._tables()
         data = arr.buffers()[2] if len(arr) else None
@@ -122,22 +117,11 @@ def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndar
                             bytes(spec.top_ns), bytes(spec.dup_ns))
     scores = {name: out_f[:, j].copy() for j, name in enumerate(names)}
     scores["gopher_words"] = out_i[:, 1].copy()
-    scores["url_count"], scores["url_char_ratio"] = url_stats(text_of, out_i[:, 0], np.flatnonzero(out_i[:, 2]))
-    return scores
-
-
-def url_stats(text_of: Callable[[int], str], lengths: np.ndarray,
-              candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(url_count int32, url_char_ratio float32); ``lengths`` in characters, ``candidates``
-    the texts that contain "://" or "www." (the others cannot match the URL regex)."""
-    n = len(lengths)
-    counts = np.zeros(n, dtype=np.int32)
-    chars = np.zeros(n, dtype=np.float64)
-    for i in candidates.tolist():
-        counts[i], chars[i] = qs.urls_in(text_of(i))
+    scores["url_count"] = out_i[:, 2].copy()
     ratio = np.zeros(n, dtype=np.float64)
-    np.divide(chars, lengths, out=ratio, where=lengths > 0)
-    return counts, ratio.astype(np.float32)
+    np.divide(out_i[:, 3], out_i[:, 0], out=ratio, where=out_i[:, 0] > 0)
+    scores["url_char_ratio"] = ratio.astype(np.float32)
+    return scores
 
 
 def _reference(arr: pa.Array, spec: ScoreSpec) -> dict[str, np.ndarray]:
