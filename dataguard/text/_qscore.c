@@ -543,7 +543,8 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     uint64_t *tmp = raw;
     raw = raw2;
     raw2 = tmp;
-    int32_t *cover = (int32_t *)s->cover.p;
+    uint32_t *cs = (uint32_t *)s->cover.p; /* prefix sums of word lengths, made on first use */
+    int have_cs = 0;
     double nchars = (double)n;
     int ti = 0, di = 0;
     for (int k = 2; k <= max_n && nc > 0; k++) {
@@ -570,24 +571,30 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
             ti++;
         }
         if (is_dup[k]) {
-            int any = 0;
-            for (size_t c = 0; c < nc && !any; c++)
-                any = s->t.e[slot[c]].first != cand[c];
+            /* Characters of words covered by second-or-later occurrences: the occurrences come
+             * in word order, so their [w, w + k) intervals are merged in one pass and measured
+             * with prefix sums of word lengths (no per-word pass per n-gram size). */
             double dc = 0;
-            if (any) {
-                memset(cover, 0, (nw + 1) * sizeof(int32_t));
-                for (size_t c = 0; c < nc; c++)
-                    if (s->t.e[slot[c]].first != cand[c]) {
-                        cover[cand[c]]++;
-                        cover[cand[c] + k]--;
-                    }
-                int32_t run = 0;
-                for (size_t w = 0; w < nw; w++) {
-                    run += cover[w];
-                    if (run > 0)
-                        dc += gl[w];
+            int64_t a = -1, b = -1;
+            for (size_t c = 0; c < nc; c++) {
+                if (s->t.e[slot[c]].first == cand[c])
+                    continue;
+                if (!have_cs) {
+                    cs[0] = 0;
+                    for (size_t w = 0; w < nw; w++)
+                        cs[w + 1] = cs[w] + gl[w];
+                    have_cs = 1;
                 }
+                int64_t w0 = cand[c], w1 = w0 + k;
+                if (w0 > b) {
+                    if (b > a)
+                        dc += (double)(cs[b] - cs[a]);
+                    a = w0;
+                }
+                b = w1 > b ? w1 : b;
             }
+            if (b > a)
+                dc += (double)(cs[b] - cs[a]);
             dup_out[di++] = ratio(dc, nchars);
         }
         if (k == max_n)
