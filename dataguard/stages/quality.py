@@ -218,19 +218,35 @@ class QualityStage(Stage):
         return score_strings(texts, self.score_spec, use_kernel=use_kernel)
 
     def score(self, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
         pieces = _message_pieces(batch)
+        if pieces is None:
+            scores = self.side_scores(pa.array([], pa.string()))
+            per_side = dict.fromkeys(self.sides, scores)
+        else:
+            # One kernel call scores every side: side j's texts are rows j*n .. (j+1)*n.
+            segments, groups = [], [np.zeros(1, dtype=np.int64)]
+            for side in self.sides:
+                _, seg, grp = pieces.side(SIDES[side])
+                groups.append(grp[1:] + sum(len(x) for x in segments))
+                segments.append(seg)
+            scores = score_segments(pieces.content, np.concatenate(segments), np.concatenate(groups),
+                                    self.score_spec)
+            per_side = {side: {k: v[j * n:(j + 1) * n] for k, v in scores.items()}
+                        for j, side in enumerate(self.sides)}
+        # Add (or replace) every score column in one table build.
+        fields, columns = list(batch.schema), list(batch.columns)
+        where = {f.name: i for i, f in enumerate(fields)}
         for side in self.sides:
-            if pieces is None:
-                scores = self.side_scores(pa.array([], pa.string()))
-            else:
-                content, segments, groups = pieces.side(SIDES[side])
-                scores = score_segments(content, segments, groups, self.score_spec)
             for name, typ in self._score_names():
                 col = f"{side}_{name}"
-                arr = pa.array(scores[name].astype(typ.to_pandas_dtype(), copy=False), typ)
-                i = batch.schema.get_field_index(col)
-                batch = batch.set_column(i, col, arr) if i >= 0 else batch.append_column(col, arr)
-        return batch
+                arr = pa.array(per_side[side][name].astype(typ.to_pandas_dtype(), copy=False), typ)
+                if col in where:
+                    fields[where[col]], columns[where[col]] = pa.field(col, typ), arr
+                else:
+                    fields.append(pa.field(col, typ))
+                    columns.append(arr)
+        return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=batch.schema.metadata))
 
     # -- apply -----------------------------------------------------------------------------
     def _rules(self) -> list[tuple[str, str, float, str, bool]]:

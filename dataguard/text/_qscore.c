@@ -86,7 +86,7 @@ typedef struct {
     uint32_t first; /* element index of the group's first occurrence */
     uint32_t count;
     uint32_t stamp;
-    uint32_t pad;
+    uint32_t aux; /* Gopher n-grams of n >= 3: the slot of the first occurrence's (n-1)-gram */
 } Entry;
 
 typedef struct {
@@ -197,19 +197,49 @@ static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
     }
 }
 
+/* Adds the n-gram starting at word idx, known by its (n-1)-gram prefix's group (slot pg at
+ * the previous level) and its last word: two n-grams are equal iff their prefixes are in the
+ * same group and their last words are equal, so one word is compared, not n. */
+static inline size_t table_add_prefixed(Table *t, uint64_t h, uint32_t idx, uint32_t pg, const uint32_t *cp,
+                                        const uint32_t *gs, const uint32_t *gl, uint32_t last)
+{
+    size_t mask = ((size_t)1 << t->lg) - 1;
+    size_t s = bucket(h, t->lg);
+    for (;;) {
+        Entry *x = &t->e[s];
+        if (x->stamp != t->gen) {
+            x->stamp = t->gen;
+            x->hash = h;
+            x->first = idx;
+            x->count = 1;
+            x->aux = pg;
+            t->used[t->nused++] = (uint32_t)s;
+            return s;
+        }
+        if (x->hash == h && x->aux == pg) {
+            uint32_t a = x->first + last, b = idx + last;
+            if (gl[a] == gl[b] && same_u32(cp + gs[a], cp + gs[b], gl[a])) {
+                x->count++;
+                return s;
+            }
+        }
+        s = (s + 1) & mask;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 typedef struct {
     /* Shared between the scores, which run one after another: ws/wl hold the spans of
      * words or lines; h64a/b/c hold hashes. ~57 bytes per character of the longest text. */
-    Buf cp, low, cls, ws, wl, h64a, h64b, h64c, sus, slot, cover, reps, seen, twice, pc, pl, pw;
+    Buf cp, low, cls, spf, ws, wl, h64a, h64b, h64c, sus, slot, pg, cover, reps, seen, twice, pc, pl, pw;
     size_t npw; /* powers computed so far */
     Table t;
 } Scratch;
 
 static void scratch_free(Scratch *s)
 {
-    Buf *bufs[] = {&s->cp,   &s->low,  &s->cls,   &s->ws,   &s->wl,   &s->h64a, &s->h64b, &s->h64c, &s->sus,
-                   &s->slot, &s->cover, &s->reps, &s->seen, &s->twice, &s->pc,   &s->pl,   &s->pw};
+    Buf *bufs[] = {&s->cp,   &s->low,  &s->cls,   &s->spf,  &s->ws,   &s->wl,   &s->h64a, &s->h64b, &s->h64c, &s->sus,
+                   &s->slot, &s->pg, &s->cover, &s->reps, &s->seen, &s->twice, &s->pc,   &s->pl,   &s->pw};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]->p);
     table_free(&s->t);
@@ -218,7 +248,7 @@ static void scratch_free(Scratch *s)
 static int scratch_need(Scratch *s, size_t n)
 {
     n += 2;
-    Buf *b32[] = {&s->cp, &s->low, &s->ws, &s->wl, &s->sus, &s->slot, &s->cover, &s->reps};
+    Buf *b32[] = {&s->cp, &s->low, &s->ws, &s->wl, &s->sus, &s->slot, &s->pg, &s->cover, &s->reps};
     Buf *b64[] = {&s->h64a, &s->h64b, &s->h64c, &s->pc, &s->pl};
     for (size_t i = 0; i < sizeof(b32) / sizeof(b32[0]); i++)
         if (buf_need(b32[i], n, 4))
@@ -235,7 +265,7 @@ static int scratch_need(Scratch *s, size_t n)
     }
     for (; s->npw < n; s->npw++)
         pw[s->npw] = pw[s->npw - 1] * POLY;
-    return buf_need(&s->cls, n, 1);
+    return buf_need(&s->cls, n, 1) || buf_need(&s->spf, n, 1);
 }
 
 /* Elements whose hash bucket is shared with another element (in increasing order). The rest
@@ -243,28 +273,48 @@ static int scratch_need(Scratch *s, size_t n)
  * n-grams repeat, and a byte-counter update replaces a table insert. 16 buckets per element
  * keep false suspects near 1 in 16. */
 #define MAX_SUSPECT_LG 26
-static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out, size_t *nout)
+
+/* Clears the byte counters for m elements; returns their log2 size, 0 on allocation failure. */
+static unsigned suspects_begin(Scratch *s, size_t m)
 {
     unsigned lg = 6;
     while (lg < MAX_SUSPECT_LG && ((size_t)1 << lg) < 16 * m)
         lg++;
-    size_t nb = (size_t)1 << lg;
-    if (buf_need(&s->seen, nb, 1) || buf_need(&s->twice, m, 4))
-        return -1;
+    if (buf_need(&s->seen, (size_t)1 << lg, 1) || buf_need(&s->twice, m, 4))
+        return 0;
+    memset(s->seen.p, 0, (size_t)1 << lg);
+    return lg;
+}
+
+static inline void suspects_mark(Scratch *s, size_t i, uint64_t h, unsigned lg)
+{
     uint8_t *cnt = (uint8_t *)s->seen.p;
-    uint32_t *bk = (uint32_t *)s->twice.p;
-    memset(cnt, 0, nb);
-    for (size_t i = 0; i < m; i++) {
-        uint32_t b = (uint32_t)bucket(h[i], lg);
-        bk[i] = b;
-        cnt[b] = (uint8_t)(1 + (cnt[b] != 0));
-    }
+    uint32_t b = (uint32_t)bucket(h, lg);
+    ((uint32_t *)s->twice.p)[i] = b;
+    cnt[b] = (uint8_t)(1 + (cnt[b] != 0));
+}
+
+/* The marked elements whose bucket was hit more than once, in increasing order. */
+static size_t suspects_collect(Scratch *s, size_t m, uint32_t *out)
+{
+    const uint8_t *cnt = (const uint8_t *)s->seen.p;
+    const uint32_t *bk = (const uint32_t *)s->twice.p;
     size_t n = 0;
     for (size_t i = 0; i < m; i++) {
         out[n] = (uint32_t)i;
         n += cnt[bk[i]] > 1;
     }
-    *nout = n;
+    return n;
+}
+
+static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out, size_t *nout)
+{
+    unsigned lg = suspects_begin(s, m);
+    if (!lg)
+        return -1;
+    for (size_t i = 0; i < m; i++)
+        suspects_mark(s, i, h[i], lg);
+    *nout = suspects_collect(s, m, out);
     return 0;
 }
 
@@ -365,21 +415,25 @@ static int char_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float 
     if (L == 0 || n < L)
         return 0;
     size_t m = n - L + 1;
-    uint64_t *h = (uint64_t *)s->h64a.p;
     const uint64_t *P = (const uint64_t *)s->pc.p, pL = ((const uint64_t *)s->pw.p)[L];
-    for (size_t i = 0; i < m; i++)
-        h[i] = P[i + L] - P[i] * pL;
     uint32_t *sus = (uint32_t *)s->sus.p;
-    size_t ns;
-    if (find_suspects(s, h, m, sus, &ns))
+    /* find_suspects with the window hashes computed in place (not stored: only the few
+     * suspects need them again). */
+    unsigned lg = suspects_begin(s, m);
+    if (!lg)
         return -1;
+    for (size_t i = 0; i < m; i++)
+        suspects_mark(s, i, P[i + L] - P[i] * pL, lg);
+    size_t ns = suspects_collect(s, m, sus);
     if (ns == 0)
         return 0; /* every window distinct: nothing repeats */
     if (table_reset(&s->t, ns))
         return -1;
     Eq e = {WINDOW, cp, NULL, NULL, L};
-    for (size_t j = 0; j < ns; j++)
-        table_add(&s->t, h[sus[j]], sus[j], &e);
+    for (size_t j = 0; j < ns; j++) {
+        uint32_t i = sus[j];
+        table_add(&s->t, P[i + L] - P[i] * pL, i, &e);
+    }
     size_t distinct = (m - ns) + s->t.nused, nrep = 0;
     uint32_t *reps = (uint32_t *)s->reps.p;
     for (size_t g = 0; g < s->t.nused; g++) {
@@ -416,9 +470,10 @@ static void gram_hashes(const uint64_t *wh, size_t nw, uint32_t L, uint64_t *out
 
 /* data-juicer word_repetition_filter: share of word L-grams whose frequency is > 1. Words
  * split on space/newline/tab, trimmed of special characters, lower-cased. */
-static int word_rep(Scratch *s, const uint32_t *cp, const uint8_t *sp, size_t n, uint32_t L, float *out)
+static int word_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float *out)
 {
     *out = 0.0f;
+    const uint8_t *spf = (const uint8_t *)s->spf.p; /* special-character flags from the first pass */
     uint32_t *ws = (uint32_t *)s->ws.p, *wl = (uint32_t *)s->wl.p;
     const uint32_t *low = (const uint32_t *)s->low.p;
     size_t nw = 0;
@@ -431,7 +486,7 @@ static int word_rep(Scratch *s, const uint32_t *cp, const uint8_t *sp, size_t n,
                 nw++;
             }
             first = last = -1;
-        } else if (!sp[cp[i]]) {
+        } else if (!spf[i]) {
             if (first < 0)
                 first = (int64_t)i;
             last = (int64_t)i;
@@ -540,9 +595,8 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
         return -1;
     for (size_t c = 0; c < nc; c++)
         raw2[c] = raw[cand[c]];
-    uint64_t *tmp = raw;
     raw = raw2;
-    raw2 = tmp;
+    uint32_t *pg = (uint32_t *)s->pg.p;
     uint32_t *cs = (uint32_t *)s->cover.p; /* prefix sums of word lengths, made on first use */
     int have_cs = 0;
     double nchars = (double)n;
@@ -550,9 +604,15 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     for (int k = 2; k <= max_n && nc > 0; k++) {
         if (table_reset(&s->t, nc))
             return -1;
-        Eq e = {SPANS, cp, gs, gl, (uint32_t)k};
-        for (size_t c = 0; c < nc; c++)
-            slot[c] = (uint32_t)table_add(&s->t, raw[c], cand[c], &e);
+        if (k == 2) {
+            Eq e = {SPANS, cp, gs, gl, 2};
+            for (size_t c = 0; c < nc; c++)
+                slot[c] = (uint32_t)table_add(&s->t, raw[c], cand[c], &e);
+        } else {
+            for (size_t c = 0; c < nc; c++)
+                slot[c] = (uint32_t)table_add_prefixed(&s->t, (uint64_t)pg[c] * POLY + wh[cand[c] + k - 1], cand[c],
+                                                       pg[c], cp, gs, gl, (uint32_t)(k - 1));
+        }
         if (is_top[k]) {
             uint32_t best = 1, best_first = UINT32_MAX;
             for (size_t g = 0; g < s->t.nused; g++) {
@@ -599,18 +659,16 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
         }
         if (k == max_n)
             break;
+        /* Next level: n-grams whose prefix (this level's n-gram) repeats, known by its group. */
         size_t nn = 0;
         for (size_t c = 0; c < nc; c++) {
             uint32_t w = cand[c];
             if (s->t.e[slot[c]].count > 1 && (size_t)w + k < nw) {
-                raw2[nn] = raw[c] * WORD_MIX + wh[w + k];
+                pg[nn] = slot[c];
                 cand[nn] = w; /* nn <= c: in-place compaction is safe */
                 nn++;
             }
         }
-        tmp = raw;
-        raw = raw2;
-        raw2 = tmp;
         nc = nn;
     }
     return 0;
@@ -799,7 +857,7 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
         size_t rep = 0, special = 0;
         int maybe_url = 0;
         uint64_t *pc = (uint64_t *)s.pc.p, *pl = (uint64_t *)s.pl.p, hc = 0, hl = 0;
-        uint8_t *cl = (uint8_t *)s.cls.p;
+        uint8_t *cl = (uint8_t *)s.cls.p, *spf = (uint8_t *)s.spf.p;
         uint32_t prev_c = 0xFFFFFFFFu;
         pc[0] = pl[0] = 0;
         for (size_t i = 0; i < n; i++) {
@@ -812,7 +870,9 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
             hl = hl * POLY + lc + 1;
             pc[i + 1] = hc;
             pl[i + 1] = hl;
-            special += tsp[c];
+            uint8_t sp_c = tsp[c];
+            spf[i] = sp_c;
+            special += sp_c;
             rep += (c == prev_c) & (!ignore_ws | (k != CLS_SPACE));
             /* "://" or "www." need "//" or "w.": a cheap superset test before count_urls. */
             maybe_url |= ((c == '/') & (prev_c == '/')) | ((c == '.') & (prev_c == 'w'));
@@ -822,7 +882,7 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
             count_urls(cp, tcls, n, &oi[t * 4 + 2], &oi[t * 4 + 3]);
         row[0] = ratio((double)rep, (double)n);
         row[1] = ratio((double)special, (double)n);
-        if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, tsp, n, word_len, &row[3]) ||
+        if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, n, word_len, &row[3]) ||
             dup_lines(&s, cp, n, &row[4], &row[5]) ||
             gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &oi[t * 4 + 1]))
             failed = 1;

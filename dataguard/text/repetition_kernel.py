@@ -91,7 +91,8 @@ def score_segments(content: pa.Array | pa.ChunkedArray, segments: np.ndarray, gr
     joined by newlines (a side of each conversation, without building the joined strings)."""
     if isinstance(content, pa.ChunkedArray):
         content = content.combine_chunks()
-    content = pc.fill_null(content, "")
+    if content.null_count:
+        content = pc.fill_null(content, "")
     segments = np.asarray(segments, dtype=np.int64)
     groups = np.asarray(groups, dtype=np.int64)
     if not _check_kernel(use_kernel):
