@@ -29,8 +29,8 @@ class FlatRows:
     """Rows (indices into the batch) mapped by the fast path, with their two turns."""
 
     index: list[int]
-    user: pa.Array
-    assistant: pa.Array
+    user: list[str]
+    assistant: list[str]
 
 
 def _may_hold_slot(text: str) -> bool:
@@ -41,7 +41,7 @@ def _may_hold_slot(text: str) -> bool:
 def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], options: SourceOptions,
                       allowed_roles: frozenset[str], check_placeholders: bool) -> FlatRows:
     """The rows of a batch that are plain Alpaca records passing every normalization check."""
-    empty = FlatRows([], pa.array([], pa.string()), pa.array([], pa.string()))
+    empty = FlatRows([], [], [])
     if options.format not in ("auto", "alpaca") or options.aliases or not {"user", "assistant"} <= allowed_roles:
         return empty
     # Shape: a dict with only Alpaca keys, string instruction and output, string-or-absent input.
@@ -66,18 +66,18 @@ def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], opti
     if not all(ok):
         keep = [j for j, good in enumerate(ok) if good]
         idx, users, outs = [idx[j] for j in keep], [users[j] for j in keep], [outs[j] for j in keep]
-    return FlatRows(idx, pa.array(users, pa.string()), pa.array(outs, pa.string()))
+    return FlatRows(idx, users, outs)
 
 
-def two_turn_messages(users: pa.Array, assistants: pa.Array, messages_type: pa.DataType,
+def two_turn_messages(users: list[str], assistants: list[str], messages_type: pa.DataType,
                       message_type: pa.DataType) -> pa.Array:
-    """The messages column [{user}, {assistant}] per row, built from flat buffers."""
+    """The messages column [{user}, {assistant}] per row, built from flat buffers (the text is
+    copied into Arrow once, already interleaved)."""
     n = len(users)
-    interleave = np.empty(2 * n, dtype=np.int64)
-    interleave[0::2] = np.arange(n)
-    interleave[1::2] = np.arange(n, 2 * n)
-    contents = pa.concat_arrays([users, assistants]).take(pa.array(interleave))
+    contents: list[str | None] = [None] * (2 * n)
+    contents[0::2] = users
+    contents[1::2] = assistants
     roles = pa.array(["user", "assistant"], pa.string()).take(pa.array(np.tile(np.array([0, 1]), n)))
-    values = pa.StructArray.from_arrays([roles, contents], fields=list(message_type))
+    values = pa.StructArray.from_arrays([roles, pa.array(contents, pa.string())], fields=list(message_type))
     offsets = pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, values).cast(messages_type)
