@@ -5,9 +5,12 @@
  * n-gram repetition, Gopher duplicate lines and top / duplicate word n-gram fractions.
  *
  * Why C: the NumPy version needs ~25 array passes and several sorts per batch; here each text
- * is decoded once into a small scratch buffer that stays in cache, and n-grams are grouped
- * with an open-addressing hash table. Groups are exact: on a hash match the underlying
- * codepoints (or word ids) are compared, so a hash collision can never merge two n-grams.
+ * is decoded once into scratch buffers that stay in cache. One pass computes prefix hashes
+ * (so any window, word or line hashes with one multiply); n-grams that cannot repeat are
+ * filtered by a byte counter over hash buckets, and the rest are grouped in an
+ * open-addressing hash table. Groups are exact: on a hash match the underlying codepoints are
+ * compared, so a collision never merges two different n-grams. Scratch memory is ~60 bytes
+ * per character of the longest text in the call (8 MB records: ~0.5 GB, freed at the end).
  * URLs are found with the same rules as quality_scores.URL_RE (see count_urls).
  *
  * Entry point: score_texts(data, starts, ends, groups, cls, special, lower, out_f, out_i,
@@ -39,16 +42,6 @@
 #define MAX_N 20
 
 /* ---------------------------------------------------------------------------------------- */
-static inline uint64_t fmix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
 #define POLY 0x100000001B3ULL
 #define WORD_MIX 0x9E3779B97F4A7C15ULL
 
