@@ -385,10 +385,44 @@ static inline uint64_t span_hash(const uint64_t *P, const uint64_t *pw, uint32_t
     return P[start + len] - P[start] * pw[len];
 }
 
-static int cmp_desc_u32(const void *a, const void *b)
+/* Sum of the k largest of v[0..n) (k <= n), reordering v: quickselect, O(n) on average. */
+static uint64_t sum_top_k(uint32_t *v, size_t n, size_t k)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x < y) - (x > y);
+    uint64_t sum = 0;
+    size_t lo = 0, hi = n; /* the k largest lie in v[lo..hi) once the loop ends */
+    while (k > 0 && hi - lo > k) {
+        uint32_t pivot = v[lo + (hi - lo) / 2];
+        size_t i = lo, j = lo, g = hi; /* [lo,i): > pivot, [i,j): == pivot, [g,hi): < pivot */
+        while (j < g) {
+            if (v[j] > pivot) {
+                uint32_t t = v[i];
+                v[i++] = v[j];
+                v[j++] = t;
+            } else if (v[j] < pivot) {
+                uint32_t t = v[--g];
+                v[g] = v[j];
+                v[j] = t;
+            } else {
+                j++;
+            }
+        }
+        size_t above = i - lo, equal = g - i;
+        if (k <= above) {
+            hi = i;
+        } else if (k <= above + equal) {
+            for (size_t x = lo; x < i; x++)
+                sum += v[x];
+            return sum + (uint64_t)pivot * (k - above);
+        } else {
+            for (size_t x = lo; x < g; x++)
+                sum += v[x];
+            k -= above + equal;
+            lo = g;
+        }
+    }
+    for (size_t x = lo; x < lo + k; x++)
+        sum += v[x];
+    return sum;
 }
 
 static inline float ratio(double num, double den) { return den > 0 ? (float)(num / den) : 0.0f; }
@@ -439,11 +473,7 @@ static int char_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float 
         k = nrep;
     if (k == 0)
         return 0;
-    qsort(reps, nrep, sizeof(uint32_t), cmp_desc_u32);
-    double sum = 0;
-    for (size_t j = 0; j < k; j++)
-        sum += reps[j];
-    *out = ratio(sum, (double)m);
+    *out = ratio((double)sum_top_k(reps, nrep, k), (double)m);
     return 0;
 }
 
