@@ -160,10 +160,11 @@ class LengthStage(Stage):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             flat = msgs.flatten()
             roles = flat.field("role")
-            contents = pc.fill_null(flat.field("content"), "").to_pylist()
+            content = flat.field("content")
+            contents = (pc.fill_null(content, "") if content.null_count else content).to_pylist()
         counts, totals = self._count(offsets, roles, contents)
         per_msg = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(counts.astype(np.int32)))
-        batch = set_column(batch, "message_tokens", per_msg.cast(pa.list_(pa.int32())))
+        batch = set_column(batch, "message_tokens", per_msg)
         return set_column(batch, "n_tokens", pa.array(totals.astype(np.int32), pa.int32()))
 
     # -- fit -------------------------------------------------------------------------------

@@ -494,12 +494,14 @@ class Normalizer(Stage):
         mapped_rows: list[tuple[int, _Mapped, str | None]] = []
         rejects: list[dict[str, Any]] = []
         flat = plain_alpaca_rows(batch.records, batch.errors, options, self.allowed_roles, self.check_placeholders)
-        on_fast_path = [False] * len(batch)
-        for i in flat.index:
-            on_fast_path[i] = True
-        for i in range(len(batch)):
-            if on_fast_path[i]:
-                continue
+        if len(flat.index) == len(batch):
+            slow_rows: list[int] | range = []
+        elif not flat.index:
+            slow_rows = range(len(batch))
+        else:
+            taken = set(flat.index)
+            slow_rows = [i for i in range(len(batch)) if i not in taken]
+        for i in slow_rows:
             error = batch.errors[i]
             if error is not None:
                 raw = batch.raw[i]
@@ -528,7 +530,7 @@ class Normalizer(Stage):
             mapped_rows.append((i, mapped, own_id))
 
         kept = self._kept_table(batch, mapped_rows, flat)
-        rejected = pa.Table.from_arrays(
+        rejected = REJECTED_SCHEMA.empty_table() if not rejects else pa.Table.from_arrays(
             [
                 pa.array([r["id"] for r in rejects], pa.string()),
                 pa.array([source] * len(rejects), pa.string()),
@@ -559,6 +561,8 @@ class Normalizer(Stage):
         """Kept rows of both paths, in input order."""
         source = batch.source
         n = len(mapped_rows)
+        if not n and flat.index:
+            return self._fast_table(batch, flat)
         slow = pa.Table.from_arrays(
             [
                 pa.array([batch.row_id(i) for i, _, _ in mapped_rows], pa.string()),
@@ -572,9 +576,15 @@ class Normalizer(Stage):
         )
         if not flat.index:
             return slow
+        fast = self._fast_table(batch, flat)
+        order = sorted(range(n + len(flat.index)), key=([i for i, _, _ in mapped_rows] + flat.index).__getitem__)
+        return pa.concat_tables([slow, fast]).take(order).combine_chunks()
+
+    def _fast_table(self, batch: RawBatch, flat: FlatRows) -> pa.Table:
+        source = batch.source
         k = len(flat.index)
         positions = pa.array(batch.positions, pa.int64()).take(pa.array(flat.index, pa.int64()))
-        fast = pa.Table.from_arrays(
+        return pa.Table.from_arrays(
             [
                 pc.binary_join_element_wise(pa.scalar(f"{source}:"), positions.cast(pa.string()), ""),
                 pa.repeat(source, k),
@@ -585,10 +595,6 @@ class Normalizer(Stage):
             ],
             schema=self.schema,
         )
-        if not n:
-            return fast
-        order = sorted(range(n + k), key=([i for i, _, _ in mapped_rows] + flat.index).__getitem__)
-        return pa.concat_tables([slow, fast]).take(order).combine_chunks()
 
     def absorb(self, stats: Sequence[Any]) -> None:
         for s in stats:
