@@ -23,8 +23,9 @@
  *   cls      uint8[0x110000]  0 space, 1 word character, 2 other
  *   special  uint8[0x110000]  data-juicer "special character" flag
  *   lower    uint32[0x110000] lower-case mapping
- *   out_f    float32[n * (6 + len(top_ns) + len(dup_ns))], row-major, written
- *   out_i    int32[n * 4] (characters, Gopher words, URLs, characters inside URLs), written
+ *   out_f    float32[(6 + len(top_ns) + len(dup_ns)) * n], column-major (one score after
+ *            another), written
+ *   out_i    int32[4 * n]: characters, Gopher words, URLs, characters inside URLs (column-major)
  *   top_ns, dup_ns  bytes of n-gram sizes (2..20)
  * The GIL is released while scoring.
  */
@@ -860,8 +861,11 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
         size_t nb = 0;
         for (int64_t j = grp[t]; j < grp[t + 1]; j++)
             nb += (size_t)(seg_b[j] - seg_a[j]) + 1;
-        float *row = of + t * ncol;
-        memset(row, 0, ncol * sizeof(float));
+        /* Scores of this text, stored column-major at the end (each score is one contiguous
+         * array for Python: no copies). */
+        float row[6 + 2 * MAX_N];
+        int32_t ints[4] = {0, 0, 0, 0};
+        memset(row, 0, sizeof(row));
         if (scratch_need(&s, nb)) {
             failed = 1;
             break;
@@ -873,42 +877,45 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
                 cp[n++] = 10;
             n += decode_utf8(bytes + seg_a[j], (size_t)(seg_b[j] - seg_a[j]), cp + n);
         }
-        oi[t * 4] = (int32_t)n;
-        oi[t * 4 + 1] = oi[t * 4 + 2] = oi[t * 4 + 3] = 0;
-        if (n == 0)
-            continue;
-        size_t rep = 0, special = 0;
-        int maybe_url = 0;
-        uint64_t *pc = (uint64_t *)s.pc.p, *pl = (uint64_t *)s.pl.p, hc = 0, hl = 0;
-        uint8_t *cl = (uint8_t *)s.cls.p, *spf = (uint8_t *)s.spf.p;
-        uint32_t prev_c = 0xFFFFFFFFu;
-        pc[0] = pl[0] = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t c = cp[i];
-            uint8_t k = tcls[c];
-            uint32_t lc = tlow[c];
-            cl[i] = k;
-            lw[i] = lc;
-            hc = hc * POLY + c + 1;
-            hl = hl * POLY + lc + 1;
-            pc[i + 1] = hc;
-            pl[i + 1] = hl;
-            uint8_t sp_c = tsp[c];
-            spf[i] = sp_c;
-            special += sp_c;
-            rep += (c == prev_c) & (!ignore_ws | (k != CLS_SPACE));
-            /* "://" or "www." need "//" or "w.": a cheap superset test before count_urls. */
-            maybe_url |= ((c == '/') & (prev_c == '/')) | ((c == '.') & (prev_c == 'w'));
-            prev_c = c;
+        ints[0] = (int32_t)n;
+        if (n > 0) {
+            size_t rep = 0, special = 0;
+            int maybe_url = 0;
+            uint64_t *pc = (uint64_t *)s.pc.p, *pl = (uint64_t *)s.pl.p, hc = 0, hl = 0;
+            uint8_t *cl = (uint8_t *)s.cls.p, *spf = (uint8_t *)s.spf.p;
+            uint32_t prev_c = 0xFFFFFFFFu;
+            pc[0] = pl[0] = 0;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t c = cp[i];
+                uint8_t k = tcls[c];
+                uint32_t lc = tlow[c];
+                cl[i] = k;
+                lw[i] = lc;
+                hc = hc * POLY + c + 1;
+                hl = hl * POLY + lc + 1;
+                pc[i + 1] = hc;
+                pl[i + 1] = hl;
+                uint8_t sp_c = tsp[c];
+                spf[i] = sp_c;
+                special += sp_c;
+                rep += (c == prev_c) & (!ignore_ws | (k != CLS_SPACE));
+                /* "://" or "www." need "//" or "w.": a cheap superset test before count_urls. */
+                maybe_url |= ((c == '/') & (prev_c == '/')) | ((c == '.') & (prev_c == 'w'));
+                prev_c = c;
+            }
+            if (maybe_url)
+                count_urls(cp, tcls, n, &ints[2], &ints[3]);
+            row[0] = ratio((double)rep, (double)n);
+            row[1] = ratio((double)special, (double)n);
+            if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, n, word_len, &row[3]) ||
+                dup_lines(&s, cp, n, &row[4], &row[5]) ||
+                gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &ints[1]))
+                failed = 1;
         }
-        if (maybe_url)
-            count_urls(cp, tcls, n, &oi[t * 4 + 2], &oi[t * 4 + 3]);
-        row[0] = ratio((double)rep, (double)n);
-        row[1] = ratio((double)special, (double)n);
-        if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, n, word_len, &row[3]) ||
-            dup_lines(&s, cp, n, &row[4], &row[5]) ||
-            gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &oi[t * 4 + 1]))
-            failed = 1;
+        for (size_t j = 0; j < ncol; j++)
+            of[j * nt + t] = row[j];
+        for (size_t j = 0; j < 4; j++)
+            oi[j * nt + t] = ints[j];
     }
     scratch_free(&s);
     Py_END_ALLOW_THREADS

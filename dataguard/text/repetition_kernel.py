@@ -106,8 +106,9 @@ def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndar
             spec: ScoreSpec) -> dict[str, np.ndarray]:
     n = len(groups) - 1
     names = spec.names()
-    out_f = np.zeros((n, len(names)), dtype=np.float32)
-    out_i = np.zeros((n, 4), dtype=np.int32)
+    # Column-major: each score is one contiguous array (Arrow takes it without a copy).
+    out_f = np.zeros((len(names), n), dtype=np.float32)
+    out_i = np.zeros((4, n), dtype=np.int32)
     if n:
         tables = qs._tables()
         data = arr.buffers()[2] if len(arr) else None
@@ -116,11 +117,10 @@ def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndar
                             tables["special"].view(np.uint8), tables["lower"], out_f, out_i,
                             spec.char_rep_len, spec.word_rep_len, spec.ignore_whitespace,
                             bytes(spec.top_ns), bytes(spec.dup_ns))
-    scores = {name: out_f[:, j].copy() for j, name in enumerate(names)}
-    scores["gopher_words"] = out_i[:, 1].copy()
-    scores["url_count"] = out_i[:, 2].copy()
+    scores = {name: out_f[j] for j, name in enumerate(names)}
+    chars, scores["gopher_words"], scores["url_count"], url_chars = out_i
     ratio = np.zeros(n, dtype=np.float64)
-    np.divide(out_i[:, 3], out_i[:, 0], out=ratio, where=out_i[:, 0] > 0)
+    np.divide(url_chars, chars, out=ratio, where=chars > 0)
     scores["url_char_ratio"] = ratio.astype(np.float32)
     return scores
 
