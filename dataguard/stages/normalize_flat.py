@@ -44,18 +44,17 @@ def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], opti
     empty = FlatRows([], [], [])
     if options.format not in ("auto", "alpaca") or options.aliases or not {"user", "assistant"} <= allowed_roles:
         return empty
-    # Shape: a dict with only Alpaca keys, string instruction and output, string-or-absent input.
-    idx = [i for i, r in enumerate(records)
-           if errors[i] is None and type(r) is dict and r.keys() <= PLAIN_KEYS
-           and type(r.get("instruction")) is str and type(r.get("output")) is str
-           and type(r.get("input", "")) is str]
-    if not idx:
+    # Shape: a dict with only Alpaca keys, string instruction and output, string-or-absent
+    # input. One pass over the (cache-cold) dicts pulls the three fields out together.
+    rows = [(i, r.get("instruction"), r.get("input", ""), r.get("output"))
+            for i, r in enumerate(records) if type(r) is dict and r.keys() <= PLAIN_KEYS and errors[i] is None]
+    rows = [t for t in rows if type(t[1]) is str and type(t[3]) is str and type(t[2]) is str]
+    if not rows:
         return empty
-    recs = [records[i] for i in idx]
+    idx = [t[0] for t in rows]
     # The user turn: instruction and input joined by "\n", empty parts skipped (as _join does).
-    users = [(a + "\n" + b if b else a) if a else b
-             for a, b in zip([r["instruction"] for r in recs], [r.get("input") or "" for r in recs], strict=True)]
-    outs = [r["output"] for r in recs]
+    users = [(a + "\n" + b if b else a) if a else b for _, a, b, _ in rows]
+    outs = [t[3] for t in rows]
     # Checks: both turns have text; no "{{" / "<<" that could be an unfilled slot (those rows
     # take the per-record path, which knows about code blocks and GSM8K annotations).
     if check_placeholders:
