@@ -583,7 +583,8 @@ class Normalizer(Stage):
     def _fast_table(self, batch: RawBatch, flat: FlatRows) -> pa.Table:
         source = batch.source
         k = len(flat.index)
-        positions = pa.array(batch.positions, pa.int64()).take(pa.array(flat.index, pa.int64()))
+        positions = pa.array(batch.positions if k == len(batch.positions) else
+                             [batch.positions[i] for i in flat.index], pa.int64())
         return pa.Table.from_arrays(
             [
                 pc.binary_join_element_wise(pa.scalar(f"{source}:"), positions.cast(pa.string()), ""),

@@ -311,6 +311,8 @@ class QwenTokenizer(Tokenizer):
         is_nfc = unicodedata.is_normalized
         nfc = unicodedata.normalize
         try:
+            if all(map(str.isascii, texts)):  # the common case: no normalization to check
+                return [len(encode(t)) for t in texts]
             return [len(encode(t if t.isascii() or is_nfc("NFC", t) else nfc("NFC", t))) for t in texts]
         except UnicodeEncodeError:
             return [len(ids) for ids in self._encode_lists(texts)]
