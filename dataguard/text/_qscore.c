@@ -167,6 +167,19 @@ static inline int eq_elems(const Eq *e, uint32_t a, uint32_t b)
     }
 }
 
+/* Starts a group in the free slot s. */
+static inline size_t table_new(Table *t, size_t s, uint64_t h, uint32_t idx, uint32_t aux)
+{
+    Entry *x = &t->e[s];
+    x->stamp = t->gen;
+    x->hash = h;
+    x->first = idx;
+    x->count = 1;
+    x->aux = aux;
+    t->used[t->nused++] = (uint32_t)s;
+    return s;
+}
+
 /* Adds element idx with hash h to its group; returns the group's slot. Elements must be
  * added in increasing index order, so a group's "first" is its first occurrence. */
 static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
@@ -175,14 +188,8 @@ static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
     size_t s = bucket(h, t->lg);
     for (;;) {
         Entry *x = &t->e[s];
-        if (x->stamp != t->gen) {
-            x->stamp = t->gen;
-            x->hash = h;
-            x->first = idx;
-            x->count = 1;
-            t->used[t->nused++] = (uint32_t)s;
-            return s;
-        }
+        if (x->stamp != t->gen)
+            return table_new(t, s, h, idx, 0);
         if (x->hash == h && eq_elems(e, x->first, idx)) {
             x->count++;
             return s;
@@ -201,15 +208,8 @@ static inline size_t table_add_prefixed(Table *t, uint64_t h, uint32_t idx, uint
     size_t s = bucket(h, t->lg);
     for (;;) {
         Entry *x = &t->e[s];
-        if (x->stamp != t->gen) {
-            x->stamp = t->gen;
-            x->hash = h;
-            x->first = idx;
-            x->count = 1;
-            x->aux = pg;
-            t->used[t->nused++] = (uint32_t)s;
-            return s;
-        }
+        if (x->stamp != t->gen)
+            return table_new(t, s, h, idx, pg);
         if (x->hash == h && x->aux == pg) {
             uint32_t a = x->first + last, b = idx + last;
             if (gl[a] == gl[b] && same_u32(cp + gs[a], cp + gs[b], gl[a])) {
