@@ -25,11 +25,12 @@ try:  # pragma: no cover - exercised by whichever path this install has
 except ImportError:  # no compiler at install time
     _qscore = None
 
-# DATAGUARD_NO_KERNEL=1 forces the NumPy reference (for comparisons and debugging).
 KERNEL_AVAILABLE = _qscore is not None
 
 
 def kernel_enabled() -> bool:
+    """Whether scoring uses the kernel: built, and not switched off with DATAGUARD_NO_KERNEL=1
+    (which forces the NumPy reference, for comparisons and debugging)."""
     return KERNEL_AVAILABLE and os.environ.get("DATAGUARD_NO_KERNEL", "") in ("", "0")
 
 
