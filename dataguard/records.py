@@ -11,7 +11,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -137,6 +139,14 @@ def set_column(table: pa.Table, field: str | pa.Field, values: pa.Array) -> pa.T
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), field, values)
     return table.append_column(field, values)
+
+
+def flat_messages(table: pa.Table) -> tuple[np.ndarray, pa.StructArray]:
+    """(number of messages of each row, every message of the table as one struct array):
+    the columnar view stages use to score messages without a Python loop per row."""
+    msgs = table.column("messages").combine_chunks()
+    counts = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return counts, msgs.flatten()
 
 
 def message_texts(table: pa.Table, roles: Iterable[str]) -> list[str]:

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import MESSAGES_TYPE, reject_rows, set_column
+from dataguard.records import MESSAGES_TYPE, flat_messages, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.histogram import IntHistogram, report_edges
 from dataguard.text.tokenizers import Tokenizer, get_tokenizer
@@ -56,10 +56,8 @@ def _messages_arrays(batch: pa.Table) -> tuple[np.ndarray, list[str], list[str]]
     """(row offsets into the flat message list, roles, contents) of a batch."""
     if batch.num_rows == 0:
         return np.zeros(1, dtype=np.int64), [], []
-    msgs = batch.column("messages").combine_chunks()
-    lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths, flat = flat_messages(batch)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    flat = msgs.flatten()
     roles = [r or "" for r in flat.field("role").to_pylist()]
     contents = [c or "" for c in flat.field("content").to_pylist()]
     return offsets, roles, contents
@@ -155,10 +153,8 @@ class LengthStage(Stage):
         if batch.num_rows == 0:
             offsets, roles, contents = np.zeros(1, dtype=np.int64), pa.array([], pa.string()), []
         else:
-            msgs = batch.column("messages").combine_chunks()
-            lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            lengths, flat = flat_messages(batch)
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            flat = msgs.flatten()
             roles = flat.field("role")
             content = flat.field("content")
             contents = (pc.fill_null(content, "") if content.null_count else content).to_pylist()

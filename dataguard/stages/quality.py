@@ -41,9 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import reject_rows
+from dataguard.records import flat_messages, reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.text.repetition_kernel import ScoreSpec, score_segments, score_strings
+from dataguard.text.repetition_kernel import ScoreSpec, join_segments, score_segments, score_strings
 
 SIDES = {"prompt": ("system", "user", "tool"), "response": ("assistant",)}
 TOP_DEFAULT = {2: 0.20, 3: 0.18, 4: 0.16}
@@ -57,21 +57,10 @@ HIST_SCORES = ("char_repeat_ratio", "url_char_ratio", "char_rep_ratio", "word_re
 
 def side_texts(batch: pa.Table, roles: Sequence[str]) -> pa.Array:
     """Contents of the given roles joined by newlines, one string per row (Arrow, no Python loop)."""
-    n = batch.num_rows
-    if n == 0:
+    pieces = _message_pieces(batch)
+    if pieces is None:
         return pa.array([], pa.string())
-    msgs = batch.column("messages").combine_chunks()
-    lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = msgs.flatten()
-    content = flat.field("content")
-    keep = pc.and_(pc.is_in(flat.field("role"), value_set=pa.array(list(roles), pa.string())),
-                   pc.greater(pc.utf8_length(pc.fill_null(content, "")), 0))
-    keep_np = keep.to_numpy(zero_copy_only=False)
-    row_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    counts = np.bincount(row_of[keep_np], minlength=n)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(offsets), content.filter(keep))
-    return pc.binary_join(lists, "\n")
+    return join_segments(*pieces.side(roles))
 
 
 @dataclass
@@ -99,9 +88,7 @@ def _message_pieces(batch: pa.Table) -> _Pieces | None:
     n = batch.num_rows
     if n == 0:
         return None
-    msgs = batch.column("messages").combine_chunks()
-    lengths = pc.fill_null(pc.list_value_length(msgs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = msgs.flatten()
+    lengths, flat = flat_messages(batch)
     content = flat.field("content")
     coded = pc.fill_null(flat.field("role"), "").dictionary_encode()
     names = coded.dictionary.to_pylist()

@@ -97,10 +97,21 @@ def score_segments(content: pa.Array | pa.ChunkedArray, segments: np.ndarray, gr
     segments = np.asarray(segments, dtype=np.int64)
     groups = np.asarray(groups, dtype=np.int64)
     if not _check_kernel(use_kernel):
-        lists = pa.ListArray.from_arrays(pa.array(groups.astype(np.int32)), content.take(pa.array(segments)))
-        return _reference(_as_large_string(pc.binary_join(lists, "\n")), spec)
+        return _reference(_as_large_string(join_segments(content, segments, groups)), spec)
     offs = _byte_offsets(content) if len(content) else np.zeros(1, dtype=np.int64)
     return _kernel(content, offs[segments], offs[segments + 1], groups, spec)
+
+
+def join_segments(content: pa.Array, segments: np.ndarray, groups: np.ndarray) -> pa.Array:
+    """The texts ``score_segments`` scores, built as strings: content[segments[groups[t]:groups[t+1]]]
+    joined by newlines (for the reference path and for showing examples)."""
+    if isinstance(content, pa.ChunkedArray):
+        content = content.combine_chunks()
+    if content.null_count:
+        content = pc.fill_null(content, "")
+    lists = pa.ListArray.from_arrays(pa.array(np.asarray(groups, dtype=np.int32)),
+                                     content.take(pa.array(np.asarray(segments, dtype=np.int64))))
+    return pc.binary_join(lists, "\n")
 
 
 def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndarray,
