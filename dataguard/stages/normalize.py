@@ -87,7 +87,12 @@ from dataguard.records import (
     json_dumps,
 )
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.stages.normalize_flat import FlatRows, plain_alpaca_rows, two_turn_messages
+from dataguard.stages.normalize_flat import (
+    FlatRows,
+    may_hold_placeholder,
+    plain_alpaca_rows,
+    two_turn_messages,
+)
 
 FORMATS = ("alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
 STAGE_NAME = "normalize"
@@ -133,7 +138,7 @@ class _Mapped:
 
 def find_placeholders(text: str) -> list[str]:
     """Unfilled template slots in `text`, ignoring Markdown code (see module docstring)."""
-    if not (("{" in text and "{{" in text) or ("<" in text and "<<" in text)):  # memchr first: fast
+    if not may_hold_placeholder(text):
         return []
     if "`" in text:
         text = _INLINE_CODE.sub(" ", _CODE_FENCE.sub(" ", text))

@@ -289,33 +289,41 @@ class QwenTokenizer(Tokenizer):
             )
         return self._enc
 
-    def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
+    def _encoder(self) -> Any:
+        """tiktoken's Rust core ``encode_ordinary`` (``Encoding.encode_ordinary`` is a thin
+        wrapper around it). Special-token strings inside user text are counted as the plain
+        text they are, never as control tokens."""
         enc = self._encoding()
-        # tiktoken's Rust core directly (Encoding.encode_ordinary is a thin wrapper around it).
-        encode = getattr(getattr(enc, "_core_bpe", None), "encode_ordinary", enc.encode_ordinary)
-        is_nfc = unicodedata.is_normalized
-        nfc = unicodedata.normalize
-        # Qwen normalizes to NFC before BPE (ASCII text always is NFC: a flag test, no scan);
-        # special-token strings inside user text are counted as the plain text they are
-        # (encode_ordinary), never as control tokens.
+        return getattr(getattr(enc, "_core_bpe", None), "encode_ordinary", enc.encode_ordinary)
+
+    @staticmethod
+    def _nfc(texts: Sequence[str]) -> Sequence[str]:
+        """Qwen normalizes to NFC before BPE; ASCII text always is NFC (a flag test, no scan)."""
+        if all(map(str.isascii, texts)):
+            return texts
+        is_nfc, nfc = unicodedata.is_normalized, unicodedata.normalize
+        return [t if t.isascii() or is_nfc("NFC", t) else nfc("NFC", t) for t in texts]
+
+    @staticmethod
+    def _without_surrogates(texts: Sequence[str]) -> list[str]:
+        # Lone surrogates come only from Python callers (Arrow holds valid UTF-8).
+        return [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
+
+    def _encode_lists(self, texts: Sequence[str]) -> list[list[int]]:
+        encode = self._encoder()
         try:
-            return [encode(t if t.isascii() or is_nfc("NFC", t) else nfc("NFC", t)) for t in texts]
-        except UnicodeEncodeError:  # lone surrogates (only from Python callers; Arrow holds valid UTF-8)
-            return [encode(nfc("NFC", t.encode("utf-8", "replace").decode("utf-8"))) for t in texts]
+            return [encode(t) for t in self._nfc(texts)]
+        except UnicodeEncodeError:
+            return [encode(t) for t in self._nfc(self._without_surrogates(texts))]
 
     def _count_uncached(self, texts: Sequence[str]) -> list[int]:
-        # Same as _encode_lists, but each id list is dropped as soon as it is counted: keeping
-        # a batch of lists alive costs ~8% of the BPE time in allocation and cache misses.
-        enc = self._encoding()
-        encode = getattr(getattr(enc, "_core_bpe", None), "encode_ordinary", enc.encode_ordinary)
-        is_nfc = unicodedata.is_normalized
-        nfc = unicodedata.normalize
+        # As _encode_lists, but each id list is dropped as soon as it is counted: keeping a
+        # batch of lists alive costs ~8% of the BPE time in allocation and cache misses.
+        encode = self._encoder()
         try:
-            if all(map(str.isascii, texts)):  # the common case: no normalization to check
-                return [len(encode(t)) for t in texts]
-            return [len(encode(t if t.isascii() or is_nfc("NFC", t) else nfc("NFC", t))) for t in texts]
+            return [len(encode(t)) for t in self._nfc(texts)]
         except UnicodeEncodeError:
-            return [len(ids) for ids in self._encode_lists(texts)]
+            return [len(encode(t)) for t in self._nfc(self._without_surrogates(texts))]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self._encoding().decode([int(i) for i in ids], errors="replace")
