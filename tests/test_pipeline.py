@@ -136,11 +136,11 @@ def test_killed_run_resumes_to_identical_output(shared_data: Path, tmp_path: Pat
     proc = subprocess.Popen([sys.executable, "-m", "dataguard.cli", "run", str(config), "--output", str(out),
                              "--no-report"], cwd=REPO, start_new_session=True)
     deadline = time.time() + 120
-    while time.time() < deadline and len(list((out / "_work").glob("seg0*/*.meta.pkl"))) < 5:
+    while time.time() < deadline and len(list((out / "_work").glob("seg0*/*.meta.json"))) < 5:
         time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    done_before = len(list((out / "_work").glob("seg0*/*.meta.pkl")))
+    done_before = len(list((out / "_work").glob("seg0*/*.meta.json")))
     assert not (out / "manifest.json").exists(), "run finished before it could be killed"
     assert done_before >= 5
 

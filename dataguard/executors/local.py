@@ -1,8 +1,12 @@
 """Run a segment's fused work over units, in this process or a pool of processes.
 
-A unit's results are three files in the segment folder: the kept rows, the rejected rows
-and a small pickle of counts/stats/summary. The pickle is renamed into place last, so
-its presence is the completion marker: on resume, finished units are not redone.
+A unit's results are up to three files in the segment folder: the kept rows, the rejected
+rows, and a JSON meta file (counts, stats, fit summary, and the size and sha256 of the
+two Arrow files). The Arrow files are fsynced before the meta file is renamed into place,
+so the meta file is the completion marker: on resume a unit is skipped only if its meta
+file decodes and the files it names are there with the recorded size and hash.
+Resume state is data (``dataguard.io.state_codec``), never pickle: anyone who can write
+to the output folder must not be able to run code in the next run.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import pickle
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -19,7 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from dataguard.executors.process import exit_with_parent, one_math_thread
+from dataguard.io import state_codec
 from dataguard.io.raw import RawBatch, SourceOptions
+from dataguard.io.readers import file_sha256
 from dataguard.io.writer import atomic_write_bytes, read_table, write_table
 from dataguard.records import REJECTED_SCHEMA
 from dataguard.stage import Stage
@@ -38,7 +46,11 @@ class UnitTask:
 
     @property
     def meta_path(self) -> Path:
-        return self.out_dir / f"unit-{self.unit:06d}.meta.pkl"
+        return self.out_dir / f"unit-{self.unit:06d}.meta.json"
+
+
+class ExecutorError(RuntimeError):
+    """Units could not run (a worker process died, e.g. killed for memory)."""
 
 
 def stage_key(index: int, stages: list[Stage]) -> str:
@@ -47,7 +59,16 @@ def stage_key(index: int, stages: list[Stage]) -> str:
 
 
 def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: UnitTask) -> dict[str, Any]:
-    """Run the fused ops of one segment on one unit and write its results atomically."""
+    """Run the fused ops of one segment on one unit and write its results atomically.
+
+    Returns the meta exactly as a resumed run would read it back from disk, so a fresh
+    run and a resumed one build the manifest from the same values.
+    """
+    with one_math_thread():
+        return _run_unit(state, task)
+
+
+def _run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: UnitTask) -> dict[str, Any]:
     normalizer, stages, ops = state
     counts: dict[str, dict[str, Any]] = {}
     stats: dict[int, Any] = {}
@@ -103,18 +124,52 @@ def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: Unit
         seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
 
     task.out_dir.mkdir(parents=True, exist_ok=True)
-    write_table(task.out_dir / f"unit-{task.unit:06d}.arrow", table)
+    files = {}
+    kept_path = task.out_dir / f"unit-{task.unit:06d}.arrow"
+    write_table(kept_path, table)
+    files[kept_path.name] = _file_fact(kept_path)
     rejected_rows = sum(t.num_rows for t in rejected)
     if rejected_rows:
-        write_table(task.out_dir / f"unit-{task.unit:06d}.rejected.arrow",
-                    pa.concat_tables([t.cast(REJECTED_SCHEMA) for t in rejected]))
+        rejected_path = task.out_dir / f"unit-{task.unit:06d}.rejected.arrow"
+        write_table(rejected_path, pa.concat_tables([t.cast(REJECTED_SCHEMA) for t in rejected]))
+        files[rejected_path.name] = _file_fact(rejected_path)
     meta = {
         "unit": task.unit, "source": task.source, "rows_in": rows_in, "kept": table.num_rows,
         "rejected": rejected_rows, "counts": counts, "stats": stats, "summary": summary, "seconds": seconds,
-        "formats": formats,
+        "formats": formats, "files": files,
         "schema": table.schema.serialize().to_pybytes(),
     }
-    atomic_write_bytes(task.meta_path, pickle.dumps(meta))
+    encoded = state_codec.dumps(meta)
+    atomic_write_bytes(task.meta_path, encoded)
+    return state_codec.loads(encoded)
+
+
+def _file_fact(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def load_finished(task: UnitTask) -> dict[str, Any] | None:
+    """The meta of a unit a previous run finished, or None if it must be (re)done.
+
+    A meta file that does not decode, or names files that are missing or whose size or
+    hash differ (a crash between writes, a disk that lost data, a hand edit), means the
+    unit is redone rather than trusted.
+    """
+    path = task.meta_path
+    if not path.is_file():
+        return None
+    try:
+        meta = state_codec.loads(path.read_bytes())
+        files = meta["files"]
+        for name, fact in files.items():
+            unit_file = task.out_dir / name
+            if (Path(name).name != name or not unit_file.is_file()
+                    or unit_file.stat().st_size != fact["bytes"] or file_sha256(unit_file) != fact["sha256"]):
+                return None
+        if meta["unit"] != task.unit:
+            return None
+    except (state_codec.StateFormatError, KeyError, TypeError, AttributeError, OSError):
+        return None
     return meta
 
 
@@ -129,6 +184,8 @@ def _init_worker(state_bytes: bytes) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    exit_with_parent()
+    # The state comes from the driver's memory through the pool's pipe, never from disk.
     _WORKER_STATE = pickle.loads(state_bytes)
 
 
@@ -167,27 +224,32 @@ class LocalExecutor:
 
     def _run_pool(self, state_bytes: bytes, pending: Iterator[UnitTask], metas: list[dict[str, Any]],
                   bar: Any) -> None:
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
-                                 initializer=_init_worker, initargs=(state_bytes,)) as pool:
-            in_flight: set[Future] = set()
-            for task in pending:
-                in_flight.add(pool.submit(_run_in_worker, task))
-                if len(in_flight) >= 2 * self.workers:
-                    done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        metas.append(future.result())
-                        self._tick(bar, metas[-1])
-            for future in in_flight:
-                metas.append(future.result())
-                self._tick(bar, metas[-1])
+        try:
+            with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
+                                     initializer=_init_worker, initargs=(state_bytes,)) as pool:
+                in_flight: set[Future] = set()
+                for task in pending:
+                    in_flight.add(pool.submit(_run_in_worker, task))
+                    if len(in_flight) >= 2 * self.workers:
+                        done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            metas.append(future.result())
+                            self._tick(bar, metas[-1])
+                for future in in_flight:
+                    metas.append(future.result())
+                    self._tick(bar, metas[-1])
+        except BrokenProcessPool:
+            raise ExecutorError("a worker process died (killed for memory?); finished units are kept - "
+                                "run again to resume, perhaps with fewer --workers or smaller batch_rows") from None
 
     @staticmethod
     def _done(task: UnitTask, metas: list[dict[str, Any]], bar: Any) -> bool:
-        if task.meta_path.exists():
-            metas.append(pickle.loads(task.meta_path.read_bytes()))
-            LocalExecutor._tick(bar, metas[-1])
-            return True
-        return False
+        meta = load_finished(task)
+        if meta is None:
+            return False
+        metas.append(meta)
+        LocalExecutor._tick(bar, meta)
+        return True
 
     def _bar(self, desc: str) -> Any:
         if not self.progress:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,15 @@ IPC_CHUNK_ROWS = 1000
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave half files behind
+        raise
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
@@ -43,10 +47,23 @@ def write_table(path: Path, table: pa.Table) -> None:
     """Write one table as an Arrow IPC stream file, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=IPC_CHUNK_ROWS):
-            writer.write_batch(batch)
-    os.replace(tmp, path)
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=IPC_CHUNK_ROWS):
+                writer.write_batch(batch)
+        _fsync_file(tmp)  # durable before it is renamed into place (and before any marker)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_table(path: Path) -> pa.Table:
@@ -83,8 +100,10 @@ class ShardWriter:
     """
 
     def __init__(self, folder: Path, prefix: str, schema: pa.Schema,
-                 max_rows: int = 100_000, max_bytes: int | None = None) -> None:
+                 max_rows: int = 100_000, max_bytes: int | None = None,
+                 before_write: Callable[[Path], None] | None = None) -> None:
         self.folder = folder
+        self.before_write = before_write  # e.g. register the shard as dataguard's before it exists
         self.prefix = prefix
         self.schema = schema
         self.max_rows = max_rows
@@ -123,6 +142,8 @@ class ShardWriter:
 
     def _write_shard(self, table: pa.Table) -> None:
         path = self.folder / f"{self.prefix}-{len(self.written):05d}.arrow"
+        if self.before_write is not None:
+            self.before_write(path)
         write_table(path, table)
         self.written.append({"path": str(path), "rows": table.num_rows, "bytes": path.stat().st_size,
                              "sha256": sha256_file(path)})

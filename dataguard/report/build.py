@@ -44,7 +44,11 @@ def build_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
     out_dir = Path(output_dir)
     html_file = Path(html_path) if html_path is not None else out_dir / DEFAULT_HTML
     json_file = Path(json_path) if json_path is not None else html_file.with_suffix(".json")
+    from dataguard.io.output import register_extra_output
+
     model = collect(out_dir, per_reason=samples_per_reason)
+    register_extra_output(out_dir, json_file)
+    register_extra_output(out_dir, html_file)
     page = render_html(model)
     for r in model["reasons"]:
         r.pop("_anchor", None)
