@@ -1,22 +1,65 @@
 """Command line: `dataguard run`, `dataguard inspect`, `dataguard report`.
 
-Exit codes: 0 success, 2 bad config or arguments, 1 a failed run.
+Exit codes: 0 success, 2 bad config or arguments, 1 a failed run, 130 interrupted.
+
+Every failure a user can cause (a bad config, a bad input, an output folder that cannot be
+written, a full disk, Ctrl-C) ends in one line on stderr, ``dataguard: ...``, and a non-zero
+exit - never a traceback. A failure that is dataguard's own bug says so in one line too;
+set DATAGUARD_TRACEBACK=1 to see the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A failure to report as one line with an exit code (no traceback)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints usage plus a message)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"dataguard: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dataguard", description=(
+    parser = _Parser(prog="dataguard", description=(
         "Data-quality pipeline for LLM fine-tuning data: normalize mixed formats, filter, "
         "decontaminate and audit, writing Arrow shards, rejected rows with reasons, a manifest "
         "and an HTML audit report."))
@@ -27,18 +70,21 @@ def _parser() -> argparse.ArgumentParser:
                                      "again with the same config and output.")
     run.add_argument("config", help="pipeline YAML file (see pipelines/)")
     run.add_argument("--input", action="append", default=None, metavar="PATH",
-                     help="replace the config's inputs with these files (repeatable; format auto-detected)")
+                     help="replace the config's inputs with these files or saved datasets (repeatable; format "
+                          "auto-detected; named by file name). Inputs that a stage refers to by name, such as "
+                          "an overlap stage's validation_sources, are kept: the validation split stays")
     run.add_argument("--output", help="output folder (overrides `output:` in the config)")
     run.add_argument("--report", help="HTML report path (default: the config's `report:`, else OUTPUT/audit.html)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML audit report")
-    run.add_argument("--workers", type=int, help="worker processes (default: config, else all cores)")
+    run.add_argument("--workers", type=_positive_int, help="worker processes (default: config, else all cores)")
     run.add_argument("--executor", choices=("local", "ray"), help="where units run (overrides the config)")
-    run.add_argument("--fresh", action="store_true", help="discard unfinished work instead of resuming")
+    run.add_argument("--fresh", action="store_true",
+                     help="start over instead of resuming (removes only files dataguard wrote)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
     inspect_ = sub.add_parser("inspect", help="summarise an output folder: counts, reasons, rejected examples")
     inspect_.add_argument("output", help="output folder of a run")
-    inspect_.add_argument("--examples", type=int, default=3, help="rejected examples per reason (default 3)")
+    inspect_.add_argument("--examples", type=_count, default=3, help="rejected examples per reason (default 3)")
 
     report = sub.add_parser("report", help="rebuild the HTML audit report from an output folder")
     report.add_argument("output", help="output folder of a run")
@@ -49,129 +95,228 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    args = _parser().parse_args(argv)
-    if args.command == "run":
-        return _run(args)
-    if args.command == "inspect":
-        return _inspect(args)
-    return _report(args)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed as one line
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    command = {"run": _run, "inspect": _inspect, "report": _report}[args.command]
+    try:
+        code = command(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
+        return code
+    except CliError as exc:
+        return _fail(str(exc), exc.code)
+    except KeyboardInterrupt:
+        return _fail("interrupted; run again to resume" if args.command == "run" else "interrupted",
+                     EXIT_INTERRUPTED)
+    except MemoryError:
+        return _fail(f"{args.command} failed: out of memory (try fewer --workers or a smaller batch_rows)",
+                     EXIT_FAILED)
+    except BrokenPipeError:  # `dataguard inspect OUT | head`: the reader left; not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush is quiet
+        return 0
+    except OSError as exc:
+        return _fail(f"{args.command} failed: {_os_message(exc)}", EXIT_FAILED)
+    except Exception as exc:  # noqa: BLE001 - the promise is one line, even for our own bugs
+        if os.environ.get("DATAGUARD_TRACEBACK"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (a dataguard bug; set DATAGUARD_TRACEBACK=1 "
+                     "to see where)", EXIT_FAILED)
 
 
+def _fail(message: str, code: int) -> int:
+    print(f"dataguard: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+def _os_message(exc: OSError) -> str:
+    """'<strerror>: <filename>', plus what to do about a full disk."""
+    text = exc.strerror or str(exc)
+    if exc.filename is not None:
+        text += f": {exc.filename}"
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        text += " (free some space and run again: finished work is kept and resumed)"
+    return text
+
+
+# ------------------------------------------------------------------ run
 def _run(args: argparse.Namespace) -> int:
-    import shutil
-
     from dataguard.config import ConfigError, load_config
-    from dataguard.io.readers import InputError, InputSpec
+    from dataguard.io.readers import InputError
     from dataguard.pipeline import PipelineError
 
+    _check_inputs(args.input or [])
     try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"dataguard: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.input:
-        missing = [p for p in args.input if not Path(p).exists()]
-        if missing:
-            print(f"dataguard: --input: file not found: {missing[0]}", file=sys.stderr)
-            return EXIT_USAGE
-        config.inputs = [InputSpec(path=p, name=Path(p).name) for p in args.input]
+        config = load_config(args.config, replace_inputs=args.input)
+    except (ConfigError, InputError) as exc:
+        raise CliError(f"config error: {exc}") from None
+    if config.kept_inputs:
+        print(f"dataguard: note: --input keeps the config's {', '.join(map(repr, config.kept_inputs))} "
+              "(a stage reads it by name, e.g. as the validation split)", file=sys.stderr)
     output = Path(args.output) if args.output else config.output
     if output is None:
-        print(f"dataguard: no output folder: pass --output or set `output:` in {args.config}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.workers is not None and args.workers < 1:
-        print("dataguard: --workers must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
+        raise CliError(f"no output folder: pass --output or set `output:` in {args.config}")
+    _check_output(output)
     if args.executor:
         config.executor = args.executor
-    if args.fresh:
-        shutil.rmtree(output / "_work", ignore_errors=True)
+    if config.executor == "ray":
+        _check_ray()
     pipeline = config.pipeline(progress=not args.quiet and sys.stderr.isatty(), workers=args.workers)
     try:
-        result = pipeline.run(config.inputs, output)
+        result = pipeline.run(config.inputs, output, fresh=args.fresh)
     except (InputError, PipelineError) as exc:
-        print(f"dataguard: run failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CliError(f"run failed: {exc}", EXIT_FAILED) from None
+    _print_result(result, output)
+    if not args.no_report and config.report is not False:
+        html = Path(args.report) if args.report else (config.report if isinstance(config.report, Path)
+                                                       else None)
+        print(f"report:   {_build_report(output, html)}")
+    return 0
+
+
+def _check_inputs(paths: list[str]) -> None:
+    """Each --input must be readable data, and given once."""
+    from dataguard.config import input_problem
+
+    seen: set[Path] = set()
+    for path in paths:
+        problem = input_problem(Path(path))
+        if problem:
+            raise CliError(f"--input {path}: {problem}")
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise CliError(f"--input {path}: given twice")
+        seen.add(resolved)
+
+
+def _check_output(output: Path) -> None:
+    """Refuse, before any work, an output that cannot be a folder we can write in. (The
+    pipeline checks again when it claims the folder; this only makes the message early.)"""
+    if output.exists() and not output.is_dir():
+        raise CliError(f"output {output}: is a file, not a folder")
+    probe = output
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe != output and not probe.is_dir():
+        raise CliError(f"output {output}: {probe} is a file, so no folder can be made inside it")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"output {output}: permission denied: cannot write in {probe}")
+
+
+def _check_ray() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise CliError("--executor ray: the ray package is not installed (pip install 'ray[default]')")
+
+
+def _print_result(result: Any, output: Path) -> None:
     counts = result.manifest["counts"]
     print(f"rows in {counts['rows_in']:,}  kept {counts['rows_kept']:,}  rejected {counts['rows_rejected']:,}  "
           f"({'balanced' if counts['balanced'] else 'NOT BALANCED'}) in {result.timings['seconds']:.1f}s")
     print(f"shards:   {output / 'data'}")
     print(f"rejected: {output / 'rejected'}")
     print(f"manifest: {output / 'manifest.json'}")
-    if not args.no_report and config.report is not False:
-        html = Path(args.report) if args.report else (config.report if isinstance(config.report, Path)
-                                                       else None)
-        written = _build_report(output, html)
-        if written is None:
-            return EXIT_FAILED
-        print(f"report:   {written}")
-    return 0
 
 
-def _build_report(output: Path, html: Path | None) -> Path | None:
+def _build_report(output: Path, html: Path | None) -> Path:
     from dataguard.report.build import build_report
 
     try:
         return build_report(output, html)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"dataguard: could not build the report: {exc}", file=sys.stderr)
-        return None
+    except OSError as exc:
+        raise CliError(f"could not build the report: {_os_message(exc)}", EXIT_FAILED) from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CliError(f"could not build the report from {output}: {exc}", EXIT_FAILED) from None
 
 
+# ------------------------------------------------------------------ report and inspect
 def _report(args: argparse.Namespace) -> int:
     output = Path(args.output)
-    if not (output / "manifest.json").is_file():
-        print(f"dataguard: {output} has no manifest.json (not a finished run)", file=sys.stderr)
-        return EXIT_USAGE
-    written = _build_report(output, Path(args.html) if args.html else None)
-    if written is None:
-        return EXIT_FAILED
-    print(f"report: {written}")
+    _read_manifest(output)
+    print(f"report: {_build_report(output, Path(args.html) if args.html else None)}")
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from dataguard.io.writer import read_table
+def _read_manifest(output: Path) -> dict[str, Any]:
+    """The manifest of a finished run, or a CliError saying why there is none."""
+    if not output.is_dir():
+        raise CliError(f"{output} has no manifest.json (no such folder)" if not output.exists()
+                       else f"{output}: is a file, not a folder")
+    path = output / "manifest.json"
+    if not path.is_file():
+        raise CliError(f"{output} has no manifest.json (not a finished run)")
+    try:
+        manifest = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), t) for k, t in _MANIFEST_KEYS):
+        raise CliError(f"{path}: not a dataguard manifest (needs {', '.join(k for k, _ in _MANIFEST_KEYS)})")
+    return manifest
 
+
+_MANIFEST_KEYS = (("counts", dict), ("inputs", list), ("stages", list), ("outputs", dict))
+
+
+def _inspect(args: argparse.Namespace) -> int:
     output = Path(args.output)
-    manifest_path = output / "manifest.json"
-    if not manifest_path.is_file():
-        print(f"dataguard: {output} has no manifest.json (not a finished run)", file=sys.stderr)
-        return EXIT_USAGE
-    manifest = json.loads(manifest_path.read_text())
-    counts = manifest["counts"]
-    print(f"rows in {counts['rows_in']:,}  kept {counts['rows_kept']:,}  rejected {counts['rows_rejected']:,}  "
-          f"nothing lost: {'yes' if counts['balanced'] else 'NO'}")
-    print("\ninputs:")
-    for item in manifest["inputs"]:
-        print(f"  {item['name']:<32} {item.get('rows', 0):>9,} rows  {item.get('reader', '')}")
-    print("\nstages:")
-    for stage in manifest["stages"]:
-        print(f"  {stage['name']:<14} in {stage['rows_in']:>9,}  kept {stage['rows_kept']:>9,}  "
-              f"rejected {stage['rows_rejected']:>7,}")
-        for reason, n in stage["reasons"].items():
-            print(f"      {reason:<28} {n:>8,}")
-    wanted: dict[str, int] = {}
-    shown: dict[str, list[dict]] = {}
-    for stage in manifest["stages"]:
-        for reason in stage["reasons"]:
-            wanted[reason] = args.examples
-    for shard in manifest["outputs"]["rejected"]:
-        if not any(wanted.values()):
-            break
-        for row in read_table(output / shard["path"]).to_pylist():
-            if wanted.get(row["reason"], 0) > 0:
-                wanted[row["reason"]] -= 1
-                shown.setdefault(row["reason"], []).append(row)
+    manifest = _read_manifest(output)
+    try:
+        lines = _summary_lines(manifest)
+        shown = _rejected_examples(output, manifest, args.examples)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CliError(f"{output / 'manifest.json'}: not a valid dataguard manifest "
+                       f"({type(exc).__name__}: {exc})") from None
+    print("\n".join(lines))
     if shown:
         print("\nrejected examples:")
         for reason, rows in shown.items():
             print(f"  [{reason}]")
             for row in rows:
-                record = (row["record"] or "").replace("\n", " ")
-                print(f"    {row['id']}: {row['detail']}")
+                record = (row.get("record") or "").replace("\n", " ")
+                print(f"    {row.get('id')}: {row.get('detail')}")
                 print(f"      {record[:160]}{'...' if len(record) > 160 else ''}")
     return 0
+
+
+def _summary_lines(manifest: dict[str, Any]) -> list[str]:
+    counts = manifest["counts"]
+    lines = [f"rows in {counts['rows_in']:,}  kept {counts['rows_kept']:,}  rejected {counts['rows_rejected']:,}  "
+             f"nothing lost: {'yes' if counts['balanced'] else 'NO'}", "", "inputs:"]
+    for item in manifest["inputs"]:
+        lines.append(f"  {item['name']:<32} {item.get('rows', 0):>9,} rows  {item.get('reader', '')}")
+    lines += ["", "stages:"]
+    for stage in manifest["stages"]:
+        lines.append(f"  {stage['name']:<14} in {stage['rows_in']:>9,}  kept {stage['rows_kept']:>9,}  "
+                     f"rejected {stage['rows_rejected']:>7,}")
+        for reason, n in stage["reasons"].items():
+            lines.append(f"      {reason:<28} {n:>8,}")
+    return lines
+
+
+def _rejected_examples(output: Path, manifest: dict[str, Any], per_reason: int) -> dict[str, list[dict]]:
+    """Up to ``per_reason`` rejected rows per reason, read shard by shard until enough."""
+    import pyarrow as pa
+
+    from dataguard.io.writer import read_table
+
+    wanted = {reason: per_reason for stage in manifest["stages"] for reason in stage["reasons"]}
+    shown: dict[str, list[dict]] = {}
+    for shard in manifest["outputs"].get("rejected", []):
+        if not any(wanted.values()):
+            break
+        path = output / shard["path"]
+        try:
+            rows = read_table(path).to_pylist()
+        except (OSError, pa.ArrowException) as exc:
+            raise CliError(f"cannot read rejected shard {path}: {exc}", EXIT_FAILED) from None
+        for row in rows:
+            if wanted.get(row.get("reason"), 0) > 0:
+                wanted[row["reason"]] -= 1
+                shown.setdefault(row["reason"], []).append(row)
+    return shown
 
 
 if __name__ == "__main__":

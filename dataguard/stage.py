@@ -58,7 +58,15 @@ class Outcome:
 
 
 class StageConfigError(ValueError):
-    """A stage was given a parameter it cannot use; the message names the parameter."""
+    """A stage was given a parameter it cannot use; the message names the parameter.
+
+    ``param`` (optional) names the offending parameter explicitly, so a config error can
+    point at that key's line instead of guessing it from the message.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class Stage:

@@ -13,7 +13,7 @@ import pytest
 from dataguard.io.output import MARKER, OutputFolder
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline, PipelineError
-from dataguard.stage import Outcome, Stage
+from dataguard.stage import Stage
 from dataguard.stages.dedup import DedupStage
 
 REPO = Path(__file__).resolve().parent.parent

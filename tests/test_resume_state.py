@@ -16,11 +16,13 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from dataguard.io import state_codec
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
+from dataguard.stage import Stage
 from dataguard.stages.dedup import DedupStage, DedupSummary
 from dataguard.text.histogram import IntHistogram
 
@@ -138,7 +140,7 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path: Path) -> None:
     try:
         children: list[int] = []
         deadline = time.time() + 120
-        while time.time() < deadline and len(children) < 2:
+        while time.time() < deadline and len(children) < 2 and proc.poll() is None:
             time.sleep(0.2)
             children = _workers_of(proc.pid)
         assert len(children) >= 2, "the pool never started"
@@ -195,3 +197,33 @@ def test_embedding_stage_gives_the_same_bytes_for_any_worker_count(tmp_path: Pat
             [InputSpec(path=src, name="alpaca")], out)
         outputs[workers] = _output_bytes(out)
     assert outputs[1] == outputs[2]
+
+
+class _ThreadProbe(Stage):
+    """Records how many math threads the unit ran with (torch and BLAS/OpenMP pools)."""
+
+    name = "thread_probe"
+
+    def score(self, batch: pa.Table) -> pa.Table:
+        import torch
+        from threadpoolctl import threadpool_info
+
+        most = max([torch.get_num_threads()] + [p["num_threads"] for p in threadpool_info()])
+        return batch.append_column("math_threads", pa.array([most] * batch.num_rows, pa.int64()))
+
+
+def test_units_in_the_driver_use_one_math_thread_like_workers(tmp_path: Path) -> None:
+    # workers=2 runs units in single-threaded worker processes; the driver (workers=1) must
+    # match them, or float reductions round differently and the bytes differ (issue #10:
+    # 20 of 718 consistency scores in sft.yaml differed by one float32 step).
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = Pipeline([_ThreadProbe()], workers=1, batch_rows=20).run([_jsonl(tmp_path / "a.jsonl")],
+                                                                          tmp_path / "out")
+        assert set(result.kept_table().column("math_threads").to_pylist()) == {1}
+        assert torch.get_num_threads() == 2  # restored for the caller afterwards
+    finally:
+        torch.set_num_threads(before)

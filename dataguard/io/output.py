@@ -37,7 +37,7 @@ _WORK_FILE = re.compile(r"^(fingerprint|seg\d{2}|unit-\d{6}(\.rejected)?\.arrow|
                         r"\..+\.tmp-\d+)$")
 
 
-class OutputFolderError(RuntimeError):
+class OutputFolderError(ValueError):
     """The output folder cannot be used (not ours, locked, not writable); says why in one line."""
 
 

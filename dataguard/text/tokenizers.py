@@ -520,15 +520,35 @@ def get_tokenizer(spec: str | os.PathLike[str] | None = None) -> Tokenizer:
     tok = _INSTANCES.get(key)
     if tok is not None:
         return tok
+    check_tokenizer_spec(key)
     alias = _QWEN_ALIASES.get(key.lower())
-    if alias is not None:
-        tok = QwenTokenizer(alias)
-    elif Path(key).expanduser().exists():
-        tok = HFTokenizer(key)
-    else:
-        raise ValueError(
-            f"tokenizer: {key!r} is neither a known name ({', '.join(sorted(_QWEN_ALIASES))}) "
-            "nor an existing tokenizer directory / tokenizer.json"
-        )
+    tok = QwenTokenizer(alias) if alias is not None else HFTokenizer(key)
     _INSTANCES[key] = tok
     return tok
+
+
+def check_tokenizer_spec(spec: Any) -> None:
+    """Raise ValueError (its message starts with ``tokenizer:``) unless ``get_tokenizer``
+    can load ``spec``. Only names and files are looked at, nothing is loaded, so a config
+    can be checked in milliseconds before a run instead of failing in a worker."""
+    if spec is None:
+        return
+    if not isinstance(spec, str | os.PathLike):
+        raise ValueError(f"tokenizer: must be a name or a path, got {type(spec).__name__}")
+    key = str(spec)
+    if key.lower() in _QWEN_ALIASES:
+        return
+    names = ", ".join(repr(n) for n in sorted(_QWEN_ALIASES))
+    path = Path(key).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            raise ValueError(f"tokenizer: {key!r} is a folder without tokenizer.json or tokenizer_config.json "
+                             "(expected a Hugging Face tokenizer folder)")
+    elif path.is_file():
+        if path.suffix.lower() != ".json":
+            raise ValueError(f"tokenizer: {key!r} is not a tokenizer.json file")
+    else:
+        raise ValueError(f"tokenizer: no such tokenizer: {key!r} is neither a known name ({names}) nor an "
+                         "existing Hugging Face tokenizer folder or tokenizer.json")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"tokenizer: permission denied: {key!r}")
