@@ -177,7 +177,7 @@ class NoiseStage(Stage):
         try:
             self.embedder = Embedder(model, batch_size=batch_size, threads=threads)
         except ValueError as exc:
-            raise StageConfigError(f"model/batch_size/threads: {exc}") from exc
+            raise StageConfigError(str(exc)) from None  # the Embedder's message names the parameter
         self._fitted = False
         self._probs: np.ndarray | None = None
         self._stats = NoiseStats()

@@ -63,6 +63,7 @@ from dataguard.text.normalize_text import (
     normalize_joined,
     normalize_with_offsets,
 )
+from dataguard.text.tokenizers import check_tokenizer_spec
 
 VALIDATION_SET = "validation"
 REASON = "contamination"
@@ -215,6 +216,10 @@ class OverlapStage(Stage):
             raise StageConfigError(f"mode: must be one of {MODES}, got {mode!r}")
         if tokenizer is not None and not isinstance(tokenizer, str):
             raise StageConfigError(f"tokenizer: must be a name or a path, got {tokenizer!r}")
+        try:
+            check_tokenizer_spec(tokenizer)  # fail here, not in a worker
+        except ValueError as exc:
+            raise StageConfigError(str(exc), param="tokenizer") from None
         for pname, value in (("threshold", threshold), ("ref_threshold", ref_threshold),
                              ("near_duplicate", near_duplicate)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) <= 1.0:
