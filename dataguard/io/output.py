@@ -61,9 +61,11 @@ class OutputFolder:
             entries = sorted(p.name for p in self.root.iterdir())
             if entries:
                 shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+                hint = (" (if it is the output of a dataguard older than the marker, remove it yourself)"
+                        if "manifest.json" in entries else "")
                 raise OutputFolderError(
                     f"output folder {self.root} is not empty ({shown}) and has no {MARKER} marker, "
-                    "so dataguard did not write it; choose a new or empty folder")
+                    f"so dataguard did not write it; choose a new or empty folder{hint}")
             self._write_marker()  # first file in the folder: from now on it is provably ours
             self._lock()
         self._check_inputs(inputs)
