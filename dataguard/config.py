@@ -43,6 +43,7 @@ TOP_LEVEL: dict[str, str] = {
     "report": "path of the HTML audit report, or false",
     "executor": "local (process pool, default) or ray",
     "ray_address": "address of a running Ray cluster (default: start one locally)",
+    "train": "training runner settings, read by `dataguard train` (not by `dataguard run`)",
 }
 INPUT_KEYS = ("path", "name", "format", "reader", "aliases", "text_field", "label_field", "json_key")
 FORMATS = ("auto", "alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")

