@@ -57,8 +57,38 @@ def _json_default(value: Any) -> Any:
 
 
 def json_dumps(value: Any) -> str:
-    """Deterministic compact JSON (sorted keys) so identical input gives identical bytes."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=_json_default)
+    """Deterministic compact JSON (sorted keys) so identical input gives identical bytes.
+
+    Text holding a lone surrogate (``"\\ud800"`` from a JSON escape) cannot be stored as
+    UTF-8; such a value is written with ``\\uXXXX`` escapes instead (still the same JSON).
+    """
+    return json_text(value)[0]
+
+
+def json_text(value: Any) -> tuple[str, bool]:
+    """(``json_dumps(value)``, whether a lone surrogate had to be escaped to write it)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=_json_default)
+    if not has_surrogates(text):
+        return text, False
+    return json.dumps(value, ensure_ascii=True, sort_keys=True, separators=(",", ":"), default=_json_default), True
+
+
+def has_surrogates(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate, which no UTF-8 writer (Arrow) accepts."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def safe_text(text: Any) -> Any:
+    """``text`` with any lone surrogate written as ``\\udXXX`` (a no-op for valid text and non-text)."""
+    if not isinstance(text, str) or not has_surrogates(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def canonical_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
@@ -87,12 +117,13 @@ def empty_rejected() -> pa.Table:
 
 
 def rejected_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-    """Rows with keys id, source, stage, reason, detail, record (all strings)."""
+    """Rows with keys id, source, stage, reason, detail, record (all strings; a lone
+    surrogate is escaped so that a bad byte in a detail can never fail the write)."""
     rows = list(rows)
     if not rows:
         return empty_rejected()
     return pa.Table.from_pylist(
-        [{name: row.get(name) for name in REJECTED_SCHEMA.names} for row in rows],
+        [{name: safe_text(row.get(name)) for name in REJECTED_SCHEMA.names} for row in rows],
         schema=REJECTED_SCHEMA,
     )
 
@@ -126,7 +157,7 @@ def reject_rows(table: pa.Table, mask: Sequence[bool] | pa.Array, stage: str,
             picked.column("source").combine_chunks() if "source" in picked.column_names else pa.nulls(n, pa.string()),
             pa.array([stage] * n, pa.string()),
             pa.array(reason_list, pa.string()),
-            pa.array(detail_list, pa.string()),
+            pa.array([safe_text(d) for d in detail_list], pa.string()),
             pa.array(records, pa.string()),
         ],
         schema=REJECTED_SCHEMA,

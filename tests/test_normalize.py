@@ -335,3 +335,20 @@ def test_stats_absorb_and_describe(shared_data: Path) -> None:
     assert reasons["labels"] == ["unfilled_placeholder"]
     examples = next(b for b in desc["blocks"] if b["type"] == "examples")
     assert 0 < len(examples["items"]) <= 20
+
+
+def test_null_fields_are_absent_and_empty_labels_are_no_labels() -> None:
+    rows = [
+        {"messages": None, "conversations": None, "instruction": "q", "input": None, "output": "a", "label": ""},
+        {"messages": [OK_USER, OK_ASSISTANT], "instruction": None, "output": None, "label": "  "},
+        {"prompt": None, "text": "hello", "label": "greet"},
+        {"text": "hello", "label": ""},
+        {"text": "hello", "intent": 0},
+    ]
+    out = run(rows)
+    assert out.kept.column("format").to_pylist() == ["alpaca", "messages", "labelled_text", "labelled_text"]
+    assert out.kept.column("label").to_pylist() == [None, None, "greet", "0"]
+    assert out.rejected.column("reason").to_pylist() == ["missing_field"]
+    assert "empty" in out.rejected.column("detail")[0].as_py()
+    forced = run([["text", ""], ["text", "x"]], format="labelled_text")
+    assert forced.kept.column("label").to_pylist() == ["x"]

@@ -102,3 +102,19 @@ def test_fast_path_steps_aside(monkeypatch, options: SourceOptions, roles: list[
     assert plain_alpaca_rows(records, [None] * 3, options, norm.allowed_roles, True).index == []
     fast, slow = _both_paths(monkeypatch, records, options, **kwargs)
     _assert_same(fast, slow)
+
+
+def test_surrogate_rows_leave_the_fast_path_with_the_same_result(monkeypatch) -> None:
+    """Records built in Python may hold lone surrogates; both paths reject them alike."""
+    records = [
+        {"instruction": "fine", "input": "", "output": "ok"},
+        {"instruction": "bad \ud800", "input": "", "output": "ok"},
+        {"instruction": "fine", "input": "caf\u00e9", "output": "bad \udcff"},
+        {"instruction": "caf\u00e9", "input": "", "output": "ok"},
+    ]
+    fast, slow = _both_paths(monkeypatch, records, SourceOptions(name="s"))
+    _assert_same(fast, slow)
+    assert fast.kept.column("id").to_pylist() == ["s:0", "s:3"]
+    assert fast.rejected.column("reason").to_pylist() == ["invalid_unicode", "invalid_unicode"]
+    assert plain_alpaca_rows(records, [None] * 4, SourceOptions(name="s"), Normalizer().allowed_roles,
+                             True).index == [0, 1, 2, 3]

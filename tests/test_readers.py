@@ -68,11 +68,15 @@ def test_empty_file_is_one_rejected_row(tmp_path: Path) -> None:
 
 
 def test_broken_json_array_keeps_items_before_the_error(tmp_path: Path) -> None:
+    """A syntax error stays in its own item; a truncated array is one more row at the end."""
     path = tmp_path / "broken.json"
-    path.write_text('[{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}, {"instr": oops}]')
+    path.write_text('[{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}, {"instr": oops},\n'
+                    ' {"instruction": "e", "output": "f"}, {"instruction": "g", "out')
     rows = _rows(InputSpec(path=path))
-    assert [r[2] for r in rows] == [None, None, "invalid_json"]
-    assert "broken after 2 items" in rows[2][3]
+    assert [r[2] for r in rows] == [None, None, "invalid_json", None, "invalid_json"]
+    assert rows[2][3] == "item 2: Expecting value at column 11" and rows[2][4] == '{"instr": oops}'
+    assert rows[3][1] == {"instruction": "e", "output": "f"}
+    assert "ends inside the JSON array after 4 items" in rows[4][3] and rows[4][4] == '{"instruction": "g", "out'
 
 
 def test_huge_record_rejected(tmp_path: Path) -> None:

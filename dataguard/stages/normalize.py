@@ -33,9 +33,11 @@ instruction``, ``intent -> label``) rename top-level fields before detection; a 
 field wins over one already there, whose value is kept in meta as ``"<name>:shadowed"``.
 
 A record's ``label`` (string, integer or boolean, e.g. KTO's desirable flag) becomes the
-``label`` column as a string (booleans as ``"true"``/``"false"``). Fields that have no
-column go into ``meta`` as deterministic JSON; null-valued fields carry nothing and are
-dropped. The id is always ``RawBatch.row_id`` (``"<source>:<position>"``), unique across
+``label`` column as a string (booleans as ``"true"``/``"false"``); an empty or blank string
+is no label, not a class of its own. Fields that have no column go into ``meta`` as
+deterministic JSON; null-valued fields carry nothing: they are dropped, and count as absent
+when the template is detected (a dataset concatenated from several formats has every
+format's columns, null where a row is of another format). The id is always ``RawBatch.row_id`` (``"<source>:<position>"``), unique across
 the whole run by construction (source names are unique, positions are file order) even
 when a file repeats its own ids; a record's own ``id`` is kept in ``meta["source_id"]``.
 
@@ -61,9 +63,12 @@ Checks on conversational formats, with their reason codes:
 * ``unknown_role`` (a role name we cannot map), ``disallowed_role`` (mapped role not in
   ``allowed_roles``), ``wrong_type`` (a field or content of the wrong JSON type),
   ``non_text_content`` (an image/audio content part), ``missing_field`` (a forced format's
-  anchor field is absent), ``unknown_format`` (no template fits), ``not_an_object`` (the
-  record is not a JSON object). Reader errors (``invalid_json``, ``invalid_utf8``, ...)
-  pass through with the raw text in ``record``.
+  anchor field is absent, or a labelled text's label is empty), ``unknown_format`` (no
+  template fits), ``not_an_object`` (the record is not a JSON object), ``invalid_unicode``
+  (a text holds a lone surrogate, which cannot be written as UTF-8; readers reject these
+  first, this covers records built in Python), ``too_deep`` (a record built in Python that
+  nests too deeply to encode). Reader errors (``invalid_json``, ``invalid_utf8``,
+  ``too_deep``, ``record_too_large``, ...) pass through with the raw text in ``record``.
 """
 
 from __future__ import annotations
@@ -84,14 +89,19 @@ from dataguard.records import (
     MESSAGES_TYPE,
     REJECTED_SCHEMA,
     ROLES,
+    has_surrogates,
     json_dumps,
+    json_text,
+    safe_text,
 )
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stages.normalize_flat import (
     FlatRows,
     may_hold_placeholder,
     plain_alpaca_rows,
+    rows_with_surrogates,
     two_turn_messages,
+    without_rows,
 )
 
 FORMATS = ("alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
@@ -134,6 +144,7 @@ class _Mapped:
     label: str | None
     meta: dict[str, Any]
     call_turns: list[int] = field(default_factory=list)
+    meta_json: str | None = None  # set once the row passed every check
 
 
 def find_placeholders(text: str) -> list[str]:
@@ -146,11 +157,14 @@ def find_placeholders(text: str) -> list[str]:
 
 
 def _label_str(value: Any, name: str) -> str | None:
+    """A label as text; an empty or blank string is no label (not a class of its own)."""
     if value is None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str | int):
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, int):
         return str(value)
     raise _Reject("wrong_type", f"field {name!r} must be a string, integer or boolean, got {type(value).__name__}")
 
@@ -329,14 +343,21 @@ def _map_labelled(rec: Any, options: SourceOptions) -> _Mapped:
         text, label = rec
         if not isinstance(text, str):
             raise _Reject("wrong_type", f"text must be a string, got {type(text).__name__}")
-        return _Mapped("labelled_text", [("user", text)], _label_str(label, "label"), {})
+        return _Mapped("labelled_text", [("user", text)], _required_label(label, "label"), {})
     text_field = options.text_field or "text"
     label_field = _label_field(rec, options)
     text = _req_str(rec, text_field, "missing_field")
     if label_field is None or rec.get(label_field) is None:
         raise _Reject("missing_field", f"no label field ({options.label_field or ' / '.join(LABEL_CANDIDATES)})")
-    label = _label_str(rec[label_field], label_field)
+    label = _required_label(rec[label_field], label_field)
     return _Mapped("labelled_text", [("user", text)], label, _rest(rec, {text_field, label_field}))
+
+
+def _required_label(value: Any, name: str) -> str:
+    label = _label_str(value, name)
+    if label is None:
+        raise _Reject("missing_field", f"label field {name!r} is empty")
+    return label
 
 
 def _rest(rec: dict[str, Any], used: set[str]) -> dict[str, Any]:
@@ -442,6 +463,36 @@ def _apply_aliases(rec: dict[str, Any], aliases: dict[str, str], applied: Counte
     return out
 
 
+def _without_nulls(rec: dict[str, Any]) -> dict[str, Any]:
+    """A null field counts as absent (a concatenated dataset has every format's columns,
+    null where the row is of another format)."""
+    if None not in rec.values():
+        return rec
+    return {k: v for k, v in rec.items() if v is not None}
+
+
+def _unicode_problem(mapped: _Mapped) -> str | None:
+    """Why the mapped row cannot be written as UTF-8 (a lone surrogate), or None."""
+    for i, (role, text) in enumerate(mapped.turns):
+        if has_surrogates(text):
+            return f"{role} turn {i} holds a lone surrogate (\\udXXX), which is not a character"
+    if mapped.label is not None and has_surrogates(mapped.label):
+        return "the label holds a lone surrogate (\\udXXX), which is not a character"
+    if mapped.meta:
+        mapped.meta_json, escaped = json_text(mapped.meta)
+        if escaped:
+            return "a field holds a lone surrogate (\\udXXX), which is not a character"
+    return None
+
+
+def _record_json(record: Any) -> str:
+    """The record as JSON for the rejected row (even when it nests too deeply to encode)."""
+    try:
+        return json_dumps(record)
+    except RecursionError:
+        return f"[a {type(record).__name__} nested too deeply to write as JSON]"
+
+
 def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
 
@@ -507,34 +558,20 @@ class Normalizer(Stage):
             taken = set(flat.index)
             slow_rows = [i for i in range(len(batch)) if i not in taken]
         for i in slow_rows:
-            error = batch.errors[i]
-            if error is not None:
-                raw = batch.raw[i]
-                rejects.append({"id": batch.row_id(i), "reason": error, "detail": batch.details[i] or error,
-                                "record": raw if raw is not None else ""})
-                continue
-            rec = batch.records[i]
-            own_id: str | None = None
-            try:
-                if isinstance(rec, dict):
-                    rec = _apply_aliases(rec, options.aliases, aliases_applied)
-                    own = rec.get("id")
-                    if isinstance(own, str | int) and not isinstance(own, bool) and str(own) != "":
-                        own_id = str(own)
-                        rec = {k: v for k, v in rec.items() if k != "id"}
-                mapped = _map_record(rec, options)
-                _check(mapped, self.allowed_roles, self.check_placeholders)
-            except _Reject as r:
-                rejects.append({"id": batch.row_id(i), "reason": r.reason, "detail": r.detail,
-                                "record": json_dumps(batch.records[i])})
-                continue
-            if own_id is not None:
-                mapped.meta["source_id"] = own_id
-            if mapped.call_turns:
-                mapped.meta["call_turns"] = mapped.call_turns
-            mapped_rows.append((i, mapped, own_id))
-
-        kept = self._kept_table(batch, mapped_rows, flat)
+            self._one_record(batch, i, options, aliases_applied, mapped_rows, rejects)
+        try:
+            kept = self._kept_table(batch, mapped_rows, flat)
+        except UnicodeEncodeError:
+            # A fast-path text holds a lone surrogate: only records built in Python get here
+            # (readers reject these rows first), so this costs the hot path nothing. Such
+            # rows take the per-record path, which says why they are rejected.
+            bad = rows_with_surrogates(flat)
+            flat = without_rows(flat, bad)
+            for i in bad:
+                self._one_record(batch, i, options, aliases_applied, mapped_rows, rejects)
+            rejects.sort(key=lambda r: r["row"])
+            mapped_rows.sort(key=lambda m: m[0])
+            kept = self._kept_table(batch, mapped_rows, flat)
         rejected = REJECTED_SCHEMA.empty_table() if not rejects else pa.Table.from_arrays(
             [
                 pa.array([r["id"] for r in rejects], pa.string()),
@@ -561,6 +598,45 @@ class Normalizer(Stage):
                                           "text": _snippet(r["record"])})
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
+    def _one_record(self, batch: RawBatch, i: int, options: SourceOptions, aliases_applied: Counter[str],
+                    mapped_rows: list[tuple[int, _Mapped, str | None]], rejects: list[dict[str, Any]]) -> None:
+        """The per-record path for row i: appends to ``mapped_rows`` or to ``rejects``."""
+        error = batch.errors[i]
+        if error is not None:
+            raw = batch.raw[i]
+            rejects.append({"row": i, "id": batch.row_id(i), "reason": error,
+                            "detail": safe_text(batch.details[i] or error),
+                            "record": safe_text(raw) if raw is not None else ""})
+            return
+        rec = batch.records[i]
+        own_id: str | None = None
+        try:
+            if isinstance(rec, dict):
+                rec = _apply_aliases(_without_nulls(rec), options.aliases, aliases_applied)
+                own = rec.get("id")
+                if isinstance(own, str | int) and not isinstance(own, bool) and str(own) != "":
+                    own_id = str(own)
+                    rec = {k: v for k, v in rec.items() if k != "id"}
+            mapped = _map_record(rec, options)
+            _check(mapped, self.allowed_roles, self.check_placeholders)
+            if own_id is not None:
+                mapped.meta["source_id"] = own_id
+            if mapped.call_turns:
+                mapped.meta["call_turns"] = mapped.call_turns
+            problem = _unicode_problem(mapped)
+            if problem is not None:
+                raise _Reject("invalid_unicode", problem)
+        except _Reject as r:
+            rejects.append({"row": i, "id": batch.row_id(i), "reason": r.reason, "detail": safe_text(r.detail),
+                            "record": _record_json(batch.records[i])})
+            return
+        except RecursionError:  # a record built in Python, nested past any reader's limit
+            rejects.append({"row": i, "id": batch.row_id(i), "reason": "too_deep",
+                            "detail": "the record nests too deeply to normalize",
+                            "record": _record_json(batch.records[i])})
+            return
+        mapped_rows.append((i, mapped, own_id))
+
     def _kept_table(self, batch: RawBatch, mapped_rows: list[tuple[int, _Mapped, str | None]],
                     flat: FlatRows) -> pa.Table:
         """Kept rows of both paths, in input order."""
@@ -574,7 +650,8 @@ class Normalizer(Stage):
                 pa.array([source] * n, pa.string()),
                 _messages_array([m.turns for _, m, _ in mapped_rows]),
                 pa.array([m.label for _, m, _ in mapped_rows], pa.string()),
-                pa.array([json_dumps(m.meta) if m.meta else None for _, m, _ in mapped_rows], pa.string()),
+                pa.array([(m.meta_json or json_dumps(m.meta)) if m.meta else None for _, m, _ in mapped_rows],
+                         pa.string()),
                 pa.array([m.fmt for _, m, _ in mapped_rows], pa.string()),
             ],
             schema=self.schema,

@@ -81,3 +81,27 @@ def two_turn_messages(users: list[str], assistants: list[str], messages_type: pa
     values = pa.StructArray.from_arrays([roles, pa.array(contents, pa.string())], fields=list(message_type))
     offsets = pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, values).cast(messages_type)
+
+
+def rows_with_surrogates(flat: FlatRows) -> list[int]:
+    """Batch indices of fast-path rows whose text holds a lone surrogate (no UTF-8 writer
+    accepts it). Called only after Arrow refused the batch, so it may look row by row."""
+    return [i for i, u, a in zip(flat.index, flat.user, flat.assistant, strict=True)
+            if not _encodable(u) or not _encodable(a)]
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def without_rows(flat: FlatRows, rows: list[int]) -> FlatRows:
+    """``flat`` without the given batch indices."""
+    drop = set(rows)
+    keep = [j for j, i in enumerate(flat.index) if i not in drop]
+    return FlatRows([flat.index[j] for j in keep], [flat.user[j] for j in keep], [flat.assistant[j] for j in keep])
