@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataguard.io import raw as raw_mod
+from dataguard.io import bounded
 from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.io.readers import (
     MAX_DEPTH,
@@ -342,7 +342,7 @@ def test_null_messages_beside_alpaca_fields(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sep", [b"\r", b"\r\n", b"\n"])
 @pytest.mark.parametrize("defer", [False, True])
 def test_line_endings(tmp_path: Path, sep: bytes, defer: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(raw_mod, "READ_CHUNK_BYTES", 7)  # line ends split across reads
+    monkeypatch.setattr(bounded, "READ_CHUNK_BYTES", 7)  # line ends split across reads
     path = tmp_path / "cr.jsonl"
     path.write_bytes(sep.join(_alpaca_line(i) for i in range(10)) + sep)
     rows = _rows(InputSpec(path=path), defer_parse=defer)
@@ -414,7 +414,7 @@ def test_unreadable_file_is_an_input_error(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(readers, "file_sha256", denied)  # (chmod does not stop root)
     with pytest.raises(InputError, match="locked.json: Permission denied"):
         describe_input(InputSpec(path=path))
-    monkeypatch.setattr(readers, "open", denied, raising=False)
+    monkeypatch.setattr(bounded, "open", denied, raising=False)
     with pytest.raises(InputError, match="Permission denied"):
         InputSpec(path=path).resolved_reader()
     with pytest.raises(InputError, match="Permission denied"):
@@ -438,7 +438,7 @@ def test_invalid_utf8_keeps_every_row_in_place(tmp_path: Path) -> None:
 def test_parquet_invalid_utf8_and_deep_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A string column with bytes that are not UTF-8 costs only its own row; a schema nested
     past MAX_DEPTH rejects every row as too_deep (nothing recurses into it)."""
-    from dataguard.io import readers
+    from dataguard.io import arrow_reader
 
     binary = pa.array([b"ok", b"\xff\xfe", b"fine"], pa.binary())
     bad_text = pa.Array.from_buffers(pa.string(), 3, binary.buffers())  # unchecked: as a writer may leave it
@@ -451,7 +451,7 @@ def test_parquet_invalid_utf8_and_deep_schema(tmp_path: Path, monkeypatch: pytes
         typ, value = pa.list_(typ), [value]
     table = pa.table({"deep": pa.array([value, value], typ)})
     pq.write_table(table, tmp_path / "deep.parquet")
-    monkeypatch.setattr(readers, "MAX_DEPTH", 10)  # (pyarrow itself refuses Parquet nested past 100)
+    monkeypatch.setattr(arrow_reader, "MAX_DEPTH", 10)  # (pyarrow itself refuses Parquet nested past 100)
     assert _reasons(_rows(InputSpec(path=tmp_path / "deep.parquet"))) == ["too_deep", "too_deep"]
     import datasets
 

@@ -130,14 +130,14 @@ def check_input(path: Path, reader: str = "auto", fmt: str = "auto", chunk: int 
     """
     import pyarrow as pa
 
-    from dataguard.io import raw as raw_mod
+    from dataguard.io import bounded
     from dataguard.io.readers import DEFAULT_MAX_RECORD_BYTES, InputError, InputSpec, read_batches
     from dataguard.records import REJECTED_SCHEMA
     from dataguard.stages.normalize import Normalizer
 
-    saved = raw_mod.READ_CHUNK_BYTES
+    saved = bounded.READ_CHUNK_BYTES
     if chunk:
-        raw_mod.READ_CHUNK_BYTES = chunk
+        bounded.READ_CHUNK_BYTES = chunk
     try:
         spec = InputSpec(path=path, reader=reader, format=fmt, json_key=json_key)
         norm = Normalizer()
@@ -159,7 +159,7 @@ def check_input(path: Path, reader: str = "auto", fmt: str = "auto", chunk: int 
             assert str(exc) and "\n" not in str(exc)
             return {"error": str(exc)}
     finally:
-        raw_mod.READ_CHUNK_BYTES = saved
+        bounded.READ_CHUNK_BYTES = saved
     assert positions == list(range(len(positions))), positions[:20]
     rej = pa.concat_tables(rejected).cast(REJECTED_SCHEMA)
     for reason, detail in zip(rej.column("reason").to_pylist(), rej.column("detail").to_pylist(), strict=True):
