@@ -276,6 +276,14 @@ def test_empty_batch_has_declared_columns():
     ({"url_count_threshold": 0}, "url_count_threshold"), ({"top_ngram_max": {1: 0.2}}, "top_ngram_max"),
     ({"dup_ngram_max": {"x": 0.1}}, "dup_ngram_max"), ({"char_rep_len": 0}, "char_rep_len"),
     ({"gopher_min_words": -1}, "gopher_min_words"),
+    # 2**32 + 3 used to reach the kernel's unsigned-int format and score as 3.
+    ({"char_rep_len": 2**32 + 3}, "char_rep_len must be an integer between 1 and 1000"),
+    ({"word_rep_len": 1001}, "word_rep_len must be an integer between 1 and 1000"),
+    ({"word_rep_len": True}, "word_rep_len"), ({"gopher_min_words": True}, "gopher_min_words"),
+    ({"top_ngram_max": {2.5: 0.2}}, "top_ngram_max"), ({"dup_ngram_max": {5: True}}, "dup_ngram_max"),
+    ({"top_ngram_max": {2: 0.2, "2": 0.3}}, "given twice"),
+    ({"max_text_bytes": 0}, "max_text_bytes must be an integer between 1 and"),
+    ({"max_text_bytes": 2**40}, "max_text_bytes"),
 ])
 def test_config_errors_name_the_parameter(kwargs, bad):
     with pytest.raises(StageConfigError, match=bad):
@@ -303,3 +311,62 @@ def test_anchored_url_search_equals_finditer(shared_data):
     for t in texts:
         assert qs.urls_in(t) == _urls_by_finditer(t), t
     assert sum(qs.urls_in(t)[0] > 0 for t in texts) > 500
+
+
+# --- texts too long to score --------------------------------------------------------------
+def _strict_json(text: str) -> object:
+    def no_constant(name: str) -> object:
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=no_constant)
+
+
+@pytest.mark.parametrize("use_kernel", IMPLEMENTATIONS)
+def test_side_over_max_text_bytes_is_rejected_not_scored(use_kernel, monkeypatch):
+    # Scoring needs ~100 bytes per character, so a huge side was an OOM kill; over the limit
+    # it is now a clean reject and the rest of the batch is scored as if it were not there.
+    monkeypatch.setenv("DATAGUARD_NO_KERNEL", "0" if use_kernel else "1")
+    big = "lorem ipsum " * 500
+    rows = [row("a", "Summarize the meeting.", LONG_OK), row("big", "Say it all", big),
+            row("c", "x" * 10, "Nooooooooooooooooo!!!!!!!!!! way")]
+    stage = QualityStage(max_text_bytes=4000)
+    scored = stage.score(canonical_table(rows))
+    out = stage.apply(scored)
+    assert out.kept.column("id").to_pylist() == ["a"]
+    reasons = {r["id"]: (r["reason"], r["detail"]) for r in out.rejected.to_pylist()}
+    assert reasons["big"] == ("text_too_long", f"response text not scored: {len(big)} bytes > max_text_bytes 4000")
+    assert reasons["c"][0] == "char_repeat"
+    # Not scored = null scores on that side (valid JSON in the rejected record, no NaN).
+    assert scored.column("response_char_rep_ratio").null_count == 1
+    assert scored.column("prompt_char_rep_ratio").null_count == 0
+    for r in out.rejected.to_pylist():
+        _strict_json(r["record"])
+    # The other rows score exactly as in a batch without the long one.
+    alone = stage.score(canonical_table([rows[0], rows[2]]))
+    for name in stage.output_columns():
+        assert scored.column(name).take([0, 2]).equals(alone.column(name)), name
+    stage.absorb([out.stats])
+    d = stage.describe()
+    assert d["summary"]["rejected_text_too_long"] == 1
+    assert "rejected_text_too_long" not in QualityStage().describe()["summary"]  # ordinary reports unchanged
+
+
+def test_out_of_memory_while_scoring_rejects_only_that_row(monkeypatch):
+    # A MemoryError for a batch is retried half by half; the one text that cannot be scored
+    # alone is rejected as text_too_long, the others are scored normally.
+    from dataguard.text import repetition_kernel as rk
+
+    real = rk._kernel
+
+    def fails_on_long_texts(arr, starts, ends, groups, spec, stats=None):
+        if np.any(np.add.reduceat(ends - starts, groups[:-1])[np.diff(groups) > 0] > 1000):
+            raise MemoryError
+        return real(arr, starts, ends, groups, spec, stats)
+
+    monkeypatch.setattr(rk, "_kernel", fails_on_long_texts)
+    monkeypatch.setenv("DATAGUARD_NO_KERNEL", "0")
+    rows = [row(str(i), "Summarize the meeting.", LONG_OK) for i in range(6)]
+    rows[3] = row("3", "Summarize the meeting.", LONG_OK * 4)
+    out = QualityStage().apply(QualityStage().score(canonical_table(rows)))
+    (rej,) = out.rejected.to_pylist()
+    assert rej["id"] == "3" and rej["reason"] == "text_too_long" and rej["detail"].endswith("out of memory")
+    assert out.kept.num_rows == 5

@@ -29,6 +29,11 @@ The Gopher rules were designed for web documents of at least 50 words (Gopher's 
 minimum); on a 6-word prompt one repeated bigram is already "20% of the characters". They
 therefore apply only to texts with at least ``gopher_min_words`` words (default 50); the
 scores are still computed for every row.
+
+A side longer than ``max_text_bytes`` UTF-8 bytes (default 8 MiB, the readers' record
+limit) is not scored - scoring needs ~100 bytes of memory per character - and neither is one
+that alone runs out of memory: its score columns are null and the row is rejected as
+``text_too_long`` before any other rule (that reason appears in the report only when used).
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ import pyarrow.compute as pc
 
 from dataguard.records import flat_messages, reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.text.repetition_kernel import ScoreSpec, join_segments, score_segments, score_strings
+from dataguard.text.repetition_kernel import (
+    MAX_NGRAM,
+    MAX_REP_LEN,
+    MAX_TEXT_BYTES,
+    ScoreSpec,
+    join_segments,
+    score_segments,
+    score_strings,
+)
 
 SIDES = {"prompt": ("system", "user", "tool"), "response": ("assistant",)}
 TOP_DEFAULT = {2: 0.20, 3: 0.18, 4: 0.16}
@@ -53,6 +66,33 @@ SNIPPET = 240
 HIST_EDGES = np.linspace(0.0, 1.0, 21)
 HIST_SCORES = ("char_repeat_ratio", "url_char_ratio", "char_rep_ratio", "word_rep_ratio", "dup_line_frac",
                "top2_gram_char_frac", "dup5_gram_char_frac")
+MAX_TEXT_BYTES_DEFAULT = 8 << 20  # the readers' record-size limit: any side of a record that was read fits
+TOO_LONG = "text_too_long"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def _ngram_size(k: object) -> int | None:
+    """An n-gram size given as an integer or an integer string (YAML keys may be either)."""
+    if _is_int(k) or (isinstance(k, float) and k.is_integer()):
+        return int(k)  # type: ignore[call-overload]
+    if isinstance(k, str) and k.strip().lstrip("+-").isdigit():
+        return int(k)
+    return None
+
+
+def _side_bytes(batch: pa.Table, roles: Sequence[str]) -> np.ndarray:
+    """UTF-8 bytes of each row's side text (the non-empty contents of these roles joined by
+    newlines), without building the text."""
+    pieces = _message_pieces(batch)
+    if pieces is None:
+        return np.zeros(0, dtype=np.int64)
+    content, segments, groups = pieces.side(roles)
+    lengths = pc.binary_length(content).to_numpy(zero_copy_only=False).astype(np.int64)
+    cs = np.concatenate([[0], np.cumsum(lengths[segments])])
+    return cs[groups[1:]] - cs[groups[:-1]] + np.maximum(np.diff(groups) - 1, 0)
 
 
 def side_texts(batch: pa.Table, roles: Sequence[str]) -> pa.Array:
@@ -121,7 +161,7 @@ class QualityStage(Stage):
                  dup_line_frac_max: float | None = 0.3, dup_line_char_frac_max: float | None = 0.2,
                  top_ngram_max: Mapping[int, float] | None = None,
                  dup_ngram_max: Mapping[int, float] | None = None,
-                 gopher_min_words: int = 50) -> None:
+                 gopher_min_words: int = 50, max_text_bytes: int = MAX_TEXT_BYTES_DEFAULT) -> None:
         sides = tuple(sides)
         if not sides or any(s not in SIDES for s in sides) or len(set(sides)) != len(sides):
             raise StageConfigError(f"sides must be a non-empty subset of {tuple(SIDES)}, got {sides!r}")
@@ -135,10 +175,11 @@ class QualityStage(Stage):
                                                     and not isinstance(url_count_threshold, bool)
                                                     and url_count_threshold >= 1):
             raise StageConfigError(f"url_count_threshold must be an integer >= 1 or null, got {url_count_threshold!r}")
-        for pname, v in (("char_rep_len", char_rep_len), ("word_rep_len", word_rep_len)):
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise StageConfigError(f"{pname} must be an integer >= 1, got {v!r}")
-        if not (isinstance(gopher_min_words, int) and gopher_min_words >= 0):
+        for pname, v, hi in (("char_rep_len", char_rep_len, MAX_REP_LEN), ("word_rep_len", word_rep_len, MAX_REP_LEN),
+                             ("max_text_bytes", max_text_bytes, MAX_TEXT_BYTES)):
+            if not (_is_int(v) and 1 <= v <= hi):
+                raise StageConfigError(f"{pname} must be an integer between 1 and {hi}, got {v!r}")
+        if not (_is_int(gopher_min_words) and gopher_min_words >= 0):
             raise StageConfigError(f"gopher_min_words must be a non-negative integer, got {gopher_min_words!r}")
         if not isinstance(ignore_whitespace_repeats, bool):
             raise StageConfigError(f"ignore_whitespace_repeats must be true or false, got {ignore_whitespace_repeats!r}")
@@ -157,6 +198,7 @@ class QualityStage(Stage):
         self.top_ngram_max = self._ngram_map("top_ngram_max", top_ngram_max, TOP_DEFAULT, 2)
         self.dup_ngram_max = self._ngram_map("dup_ngram_max", dup_ngram_max, DUP_DEFAULT, 2)
         self.gopher_min_words = gopher_min_words
+        self.max_text_bytes = max_text_bytes
         self.stats = QualityStats()
 
     @staticmethod
@@ -168,13 +210,14 @@ class QualityStage(Stage):
             raise StageConfigError(f"{pname} must be a mapping n -> max fraction, got {value!r}")
         out: dict[int, float] = {}
         for k, v in value.items():
-            try:
-                n = int(k)
-            except (TypeError, ValueError):
-                raise StageConfigError(f"{pname}: n-gram size {k!r} is not an integer") from None
-            if n < min_n or n > 20:
-                raise StageConfigError(f"{pname}: n-gram size {n} must be between {min_n} and 20")
-            if not (isinstance(v, int | float) and 0 <= v <= 1):
+            n = _ngram_size(k)
+            if n is None:
+                raise StageConfigError(f"{pname}: n-gram size {k!r} is not an integer")
+            if n < min_n or n > MAX_NGRAM:
+                raise StageConfigError(f"{pname}: n-gram size {n} must be between {min_n} and {MAX_NGRAM}")
+            if n in out:
+                raise StageConfigError(f"{pname}: n-gram size {n} is given twice")
+            if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
                 raise StageConfigError(f"{pname}: threshold for n={n} must be in [0, 1], got {v!r}")
             out[n] = float(v)
         return dict(sorted(out.items()))
@@ -201,8 +244,9 @@ class QualityStage(Stage):
                          dup_ns=tuple(self.dup_ngram_max))
 
     def side_scores(self, texts: pa.Array | Sequence[str], use_kernel: bool | None = None) -> dict[str, np.ndarray]:
-        """Every score of one side's texts (compiled kernel when built, else the NumPy reference)."""
-        return score_strings(texts, self.score_spec, use_kernel=use_kernel)
+        """Every score of one side's texts (compiled kernel when built, else the NumPy reference);
+        NaN for texts over ``max_text_bytes``."""
+        return score_strings(texts, self.score_spec, use_kernel=use_kernel, max_text_bytes=self.max_text_bytes)
 
     def score(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows
@@ -218,16 +262,18 @@ class QualityStage(Stage):
                 groups.append(grp[1:] + sum(len(x) for x in segments))
                 segments.append(seg)
             scores = score_segments(pieces.content, np.concatenate(segments), np.concatenate(groups),
-                                    self.score_spec)
+                                    self.score_spec, max_text_bytes=self.max_text_bytes)
             per_side = {side: {k: v[j * n:(j + 1) * n] for k, v in scores.items()}
                         for j, side in enumerate(self.sides)}
         # Add (or replace) every score column in one table build.
         fields, columns = list(batch.schema), list(batch.columns)
         where = {f.name: i for i, f in enumerate(fields)}
         for side in self.sides:
+            unscored = np.isnan(per_side[side]["char_repeat_ratio"])  # NaN only where not scored
+            mask = unscored if unscored.any() else None
             for name, typ in self._score_names():
                 col = f"{side}_{name}"
-                arr = pa.array(per_side[side][name].astype(typ.to_pandas_dtype(), copy=False), typ)
+                arr = pa.array(per_side[side][name].astype(typ.to_pandas_dtype(), copy=False), typ, mask=mask)
                 if col in where:
                     fields[where[col]], columns[where[col]] = pa.field(col, typ), arr
                 else:
@@ -266,6 +312,7 @@ class QualityStage(Stage):
         first_reason: list[str | None] = [None] * n
         details: list[list[str]] = [[] for _ in range(n)]
         stats = QualityStats(rows_in=n)
+        self._reject_unscored(batch, first_reason, details, stats)
         for side in self.sides:
             words = batch.column(f"{side}_gopher_words").to_numpy(zero_copy_only=False)
             gate = words >= self.gopher_min_words
@@ -303,6 +350,24 @@ class QualityStage(Stage):
                                        "note": "; ".join(details[i])})
         return Outcome(kept=batch.filter(pa.array(~mask)), rejected=rejected, stats=stats)
 
+    def _reject_unscored(self, batch: pa.Table, first_reason: list[str | None], details: list[list[str]],
+                         stats: QualityStats) -> None:
+        """Rows with a side that was not scored (null scores: too long, or out of memory) fail
+        first, as ``text_too_long``; the rules cannot judge them."""
+        for side in self.sides:
+            unscored = np.isnan(batch.column(f"{side}_char_repeat_ratio").to_numpy(zero_copy_only=False))
+            rows = np.flatnonzero(unscored).tolist()
+            if not rows:
+                continue
+            sizes = _side_bytes(batch.take(rows), SIDES[side])
+            for i, size in zip(rows, sizes.tolist(), strict=True):
+                why = (f"{size} bytes > max_text_bytes {self.max_text_bytes}" if size > self.max_text_bytes
+                       else f"{size} bytes, out of memory")
+                details[i].append(f"{side} text not scored: {why}")
+                stats.failures[TOO_LONG] = stats.failures.get(TOO_LONG, 0) + 1
+                if first_reason[i] is None:
+                    first_reason[i] = TOO_LONG
+
     # -- report ----------------------------------------------------------------------------
     def absorb(self, stats: Sequence[Any]) -> None:
         total = QualityStats()
@@ -322,6 +387,8 @@ class QualityStage(Stage):
     def describe(self) -> dict[str, Any]:
         st = self.stats
         reasons = [r for r, *_ in self._rules()]
+        if st.failures.get(TOO_LONG):
+            reasons.insert(0, TOO_LONG)  # only when it happened: ordinary reports stay the same
         reasons = list(dict.fromkeys(reasons))
         summary: dict[str, Any] = {"rows_in": st.rows_in, "rows_rejected": sum(st.rejected.values()),
                                    "gopher_min_words": self.gopher_min_words, "sides": ",".join(self.sides)}

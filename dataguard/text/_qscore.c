@@ -9,25 +9,37 @@
  * (so any window, word or line hashes with one multiply); n-grams that cannot repeat are
  * filtered by a byte counter over hash buckets, and the rest are grouped in an
  * open-addressing hash table. Groups are exact: on a hash match the underlying codepoints are
- * compared, so a collision never merges two different n-grams. Scratch memory is ~60 bytes
- * per character of the longest text in the call (8 MB records: ~0.5 GB, freed at the end).
+ * compared, so a collision never merges two different n-grams. Scratch memory is ~80 bytes
+ * per character of the longest text in the call plus the table (8 MiB texts: ~1 GB at
+ * most, freed at the end); a failed allocation is a MemoryError.
  * URLs are found with the same rules as quality_scores.URL_RE (see count_urls).
  *
+ * Hash floods: a polynomial hash mod 2**64 has known collisions (Thue-Morse blocks) and
+ * crafted inputs can pile hashes into one bucket. Exact comparison keeps the scores right
+ * whatever the hash; to keep the time linear, a text whose table sees more than a few false
+ * matches (equal hash, different content) or too many probes is scored again with a keyed
+ * hash mod 2**61 - 1 (random base per process), which a text cannot be built to defeat.
+ *
  * Entry point: score_texts(data, starts, ends, groups, cls, special, lower, out_f, out_i,
- *                          char_rep_len, word_rep_len, ignore_ws, top_ns, dup_ns)
- *   data     bytes-like UTF-8 (an Arrow string data buffer)
+ *                          char_rep_len, word_rep_len, ignore_ws, top_ns, dup_ns[, stats])
+ *   data     bytes-like UTF-8 (an Arrow string data buffer; invalid bytes decode as
+ *            Python's bytes.decode("utf-8", "replace") does)
  *   starts, ends  int64[segments] byte ranges of segments in data
  *   groups   int64[n + 1]: text t is segments groups[t] .. groups[t+1]-1 joined by "\n"
  *            (one message per segment: a side of a conversation is scored without
- *            building the joined string)
+ *            building the joined string); each text at most MAX_TEXT_BYTES
  *   cls      uint8[0x110000]  0 space, 1 word character, 2 other
  *   special  uint8[0x110000]  data-juicer "special character" flag
- *   lower    uint32[0x110000] lower-case mapping
+ *   lower    uint32[0x110000] lower-case mapping (4-byte aligned)
  *   out_f    float32[(6 + len(top_ns) + len(dup_ns)) * n], column-major (one score after
- *            another), written
+ *            another), written (4-byte aligned)
  *   out_i    int32[4 * n]: characters, Gopher words, URLs, characters inside URLs (column-major)
+ *   char_rep_len, word_rep_len  1..MAX_REP_LEN
  *   top_ns, dup_ns  bytes of n-gram sizes (2..20)
- * The GIL is released while scoring.
+ *   stats    optional int64[3], added to: content comparisons on equal hashes, false matches
+ *            among them, texts rescored with the keyed hash (for tests and benchmarks)
+ * starts/ends/groups are copied, checked and measured before the GIL is released, so a caller
+ * changing them meanwhile cannot make the kernel read or write out of bounds.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,15 +48,54 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NCP 0x110000u
 #define CLS_SPACE 0
 #define CLS_WORD 1
 #define MAX_N 20
+/* Positions, counts and the characters column are 32-bit: a text must stay below 2**31. */
+#define MAX_TEXT_BYTES 0x7FFFFF00LL
+/* Window / n-gram length of the data-juicer scores (their default is 10). */
+#define MAX_REP_LEN 1000
 
 /* ---------------------------------------------------------------------------------------- */
 #define POLY 0x100000001B3ULL
 #define WORD_MIX 0x9E3779B97F4A7C15ULL
+
+/* Keyed hashes (see "Hash floods" above): polynomials mod the prime 2**61 - 1 with random
+ * bases, drawn once per process. Two different strings of length L collide with probability
+ * <= L / 2**61 over the base, whatever the strings. */
+#define MP 0x1FFFFFFFFFFFFFFFULL
+static uint64_t key_char = 0x1234567ULL, key_word = 0x7654321ULL;
+
+static inline uint64_t mp_add(uint64_t a, uint64_t b)
+{
+    uint64_t x = a + b;
+    return x >= MP ? x - MP : x;
+}
+
+static inline uint64_t mp_sub(uint64_t a, uint64_t b) { return a >= b ? a - b : a + MP - b; }
+
+static inline uint64_t mp_mul(uint64_t a, uint64_t b)
+{
+#ifdef __SIZEOF_INT128__
+    unsigned __int128 z = (unsigned __int128)a * b;
+    return mp_add((uint64_t)z & MP, (uint64_t)(z >> 61));
+#else
+    /* a, b < 2**61: schoolbook on 32-bit halves, reduced with 2**61 = 1 (mod MP). */
+    uint64_t a1 = a >> 32, a0 = a & 0xFFFFFFFFULL, b1 = b >> 32, b0 = b & 0xFFFFFFFFULL;
+    uint64_t hi = a1 * b1, mid = a1 * b0 + a0 * b1, lo = a0 * b0; /* mid < 2**62 */
+    uint64_t r = (lo & MP) + (lo >> 61) + ((mid & ((1ULL << 29) - 1)) << 32) + (mid >> 29) + (hi << 3);
+    return mp_add(r & MP, r >> 61);
+#endif
+}
+
+/* Window hash from prefix hashes: P[i + L] - P[i] * base**L, mod 2**64 or keyed mod MP. */
+static inline uint64_t win_hash(const uint64_t *P, uint64_t pL, size_t i, size_t L, int keyed)
+{
+    return keyed ? mp_sub(P[i + L], mp_mul(P[i], pL)) : P[i + L] - P[i] * pL;
+}
 
 /* Growable scratch array. */
 typedef struct {
@@ -90,15 +141,29 @@ typedef struct {
     size_t alloc;
     unsigned lg;
     uint32_t gen;
+    /* Flood guard (see "Hash floods"): with the fast hash, more than max_false false matches
+     * in a text or max_probes probes in one build make table_add give up (TOO_MANY); with
+     * the keyed hash (keyed = 1) nothing is limited. */
+    int keyed;
+    uint64_t probes, max_probes, false_hits, max_false;
+    uint64_t cmps, false_total; /* debug counters over the whole call */
 } Table;
+
+#define TOO_MANY SIZE_MAX
+#define FAST_MAX_FALSE 8
 
 static void table_free(Table *t)
 {
     free(t->e);
     free(t->used);
-    memset(t, 0, sizeof(*t));
+    t->e = NULL;
+    t->used = NULL;
+    t->alloc = t->nused = 0;
+    t->gen = 0;
 }
 
+/* Empties the table for m elements. Entries come from calloc and a reset bumps the
+ * generation, so no page is touched before a probe reaches it. */
 static int table_reset(Table *t, size_t m)
 {
     unsigned lg = 4;
@@ -124,7 +189,21 @@ static int table_reset(Table *t, size_t m)
     }
     t->lg = lg;
     t->nused = 0;
+    /* Random hashes at load <= 1/2 average < 2 probes per insert; 8 per element plus slack
+     * is only ever passed by a flood. */
+    t->probes = 0;
+    t->max_probes = t->keyed ? UINT64_MAX : 8 * (uint64_t)m + 4096;
     return 0;
+}
+
+/* Whether the fast hash is being flooded: called once per probe past an occupied slot. */
+static inline int table_flooded(Table *t) { return ++t->probes > t->max_probes; }
+
+/* Counts a comparison on equal hashes; returns whether false matches passed the limit. */
+static inline int table_false_hit(Table *t)
+{
+    t->false_total++;
+    return ++t->false_hits > t->max_false;
 }
 
 /* How two elements compare, given their indices. Elements are codepoint windows
@@ -180,8 +259,9 @@ static inline size_t table_new(Table *t, size_t s, uint64_t h, uint32_t idx, uin
     return s;
 }
 
-/* Adds element idx with hash h to its group; returns the group's slot. Elements must be
- * added in increasing index order, so a group's "first" is its first occurrence. */
+/* Adds element idx with hash h to its group; returns the group's slot, or TOO_MANY when the
+ * fast hash is flooded. Elements must be added in increasing index order, so a group's
+ * "first" is its first occurrence. */
 static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
 {
     size_t mask = ((size_t)1 << t->lg) - 1;
@@ -190,17 +270,25 @@ static inline size_t table_add(Table *t, uint64_t h, uint32_t idx, const Eq *e)
         Entry *x = &t->e[s];
         if (x->stamp != t->gen)
             return table_new(t, s, h, idx, 0);
-        if (x->hash == h && eq_elems(e, x->first, idx)) {
-            x->count++;
-            return s;
+        if (x->hash == h) {
+            t->cmps++;
+            if (eq_elems(e, x->first, idx)) {
+                x->count++;
+                return s;
+            }
+            if (table_false_hit(t))
+                return TOO_MANY;
         }
+        if (table_flooded(t))
+            return TOO_MANY;
         s = (s + 1) & mask;
     }
 }
 
 /* Adds the n-gram starting at word idx, known by its (n-1)-gram prefix's group (slot pg at
  * the previous level) and its last word: two n-grams are equal iff their prefixes are in the
- * same group and their last words are equal, so one word is compared, not n. */
+ * same group and their last words are equal, so one word is compared, not n. TOO_MANY as
+ * table_add. */
 static inline size_t table_add_prefixed(Table *t, uint64_t h, uint32_t idx, uint32_t pg, const uint32_t *cp,
                                         const uint32_t *gs, const uint32_t *gl, uint32_t last)
 {
@@ -212,11 +300,16 @@ static inline size_t table_add_prefixed(Table *t, uint64_t h, uint32_t idx, uint
             return table_new(t, s, h, idx, pg);
         if (x->hash == h && x->aux == pg) {
             uint32_t a = x->first + last, b = idx + last;
+            t->cmps++;
             if (gl[a] == gl[b] && same_u32(cp + gs[a], cp + gs[b], gl[a])) {
                 x->count++;
                 return s;
             }
+            if (table_false_hit(t))
+                return TOO_MANY;
         }
+        if (table_flooded(t))
+            return TOO_MANY;
         s = (s + 1) & mask;
     }
 }
@@ -224,43 +317,58 @@ static inline size_t table_add_prefixed(Table *t, uint64_t h, uint32_t idx, uint
 /* ---------------------------------------------------------------------------------------- */
 typedef struct {
     /* Shared between the scores, which run one after another: ws/wl hold the spans of
-     * words or lines; h64a/b/c hold hashes. ~57 bytes per character of the longest text. */
-    Buf cp, low, cls, spf, ws, wl, h64a, h64b, h64c, sus, slot, pg, cover, reps, seen, twice, pc, pl, pw;
-    size_t npw; /* powers computed so far */
+     * words or lines; h64a/b hold hashes; pc/pl the prefix hashes of the codepoints and of
+     * their lower-case forms (fast, or keyed once a text floods the fast one); pw/pk the
+     * powers of the fast and keyed bases. ~80 bytes per character of the longest text. */
+    Buf cp, low, cls, spf, ws, wl, h64a, h64b, sus, slot, pg, cover, seen, twice, pc, pl, pw, pk;
+    size_t npw, npk; /* powers computed so far */
+    uint64_t rescored; /* texts scored again with the keyed hash */
     Table t;
 } Scratch;
 
 static void scratch_free(Scratch *s)
 {
-    Buf *bufs[] = {&s->cp,   &s->low,  &s->cls,   &s->spf,  &s->ws,   &s->wl,   &s->h64a, &s->h64b, &s->h64c, &s->sus,
-                   &s->slot, &s->pg, &s->cover, &s->reps, &s->seen, &s->twice, &s->pc,   &s->pl,   &s->pw};
+    Buf *bufs[] = {&s->cp,  &s->low,  &s->cls, &s->spf,   &s->ws,   &s->wl,    &s->h64a, &s->h64b, &s->sus,
+                   &s->slot, &s->pg, &s->cover, &s->seen, &s->twice, &s->pc, &s->pl, &s->pw, &s->pk};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]->p);
     table_free(&s->t);
 }
 
+/* Powers base**i for i < n in b (have: how many are already there), mod 2**64 or keyed. */
+static int powers_need(Buf *b, size_t *have, size_t n, uint64_t base, int keyed)
+{
+    if (buf_need(b, n, 8))
+        return -1;
+    uint64_t *pw = (uint64_t *)b->p;
+    if (*have == 0) {
+        pw[0] = 1;
+        *have = 1;
+    }
+    for (; *have < n; (*have)++)
+        pw[*have] = keyed ? mp_mul(pw[*have - 1], base) : pw[*have - 1] * base;
+    return 0;
+}
+
+/* Room for a text of n codepoints (allocated, not touched: the passes fill what they use). */
 static int scratch_need(Scratch *s, size_t n)
 {
     n += 2;
-    Buf *b32[] = {&s->cp, &s->low, &s->ws, &s->wl, &s->sus, &s->slot, &s->pg, &s->cover, &s->reps};
-    Buf *b64[] = {&s->h64a, &s->h64b, &s->h64c, &s->pc, &s->pl};
+    Buf *b32[] = {&s->cp, &s->low, &s->ws, &s->wl, &s->sus, &s->slot, &s->pg, &s->cover};
+    Buf *b64[] = {&s->h64a, &s->h64b, &s->pc, &s->pl};
     for (size_t i = 0; i < sizeof(b32) / sizeof(b32[0]); i++)
         if (buf_need(b32[i], n, 4))
             return -1;
     for (size_t i = 0; i < sizeof(b64) / sizeof(b64[0]); i++)
         if (buf_need(b64[i], n, 8))
             return -1;
-    if (buf_need(&s->pw, n, 8))
+    if (powers_need(&s->pw, &s->npw, n, POLY, 0))
         return -1;
-    uint64_t *pw = (uint64_t *)s->pw.p;
-    if (s->npw == 0) {
-        pw[0] = 1;
-        s->npw = 1;
-    }
-    for (; s->npw < n; s->npw++)
-        pw[s->npw] = pw[s->npw - 1] * POLY;
     return buf_need(&s->cls, n, 1) || buf_need(&s->spf, n, 1);
 }
+
+/* Powers of the current base (fast or keyed). */
+static inline const uint64_t *powers(const Scratch *s) { return (const uint64_t *)(s->t.keyed ? s->pk.p : s->pw.p); }
 
 /* Elements whose hash bucket is shared with another element (in increasing order). The rest
  * are certainly unique, so only these go through the hash table: in typical text few
@@ -312,7 +420,10 @@ static int find_suspects(Scratch *s, const uint64_t *h, size_t m, uint32_t *out,
     return 0;
 }
 
-/* UTF-8 -> codepoints; an invalid byte becomes U+FFFD (Arrow strings are valid UTF-8). */
+/* UTF-8 -> codepoints. Arrow strings should be valid UTF-8; where they are not, each
+ * maximal ill-formed subpart becomes one U+FFFD (Unicode's recommended practice, what
+ * Python's bytes.decode("utf-8", "replace") does and the NumPy reference uses), so both
+ * implementations see the same characters. Writes at most min(nbytes, cap) codepoints. */
 static int all_ascii(const uint8_t *p, size_t nbytes)
 {
     uint64_t high = 0, w;
@@ -326,8 +437,36 @@ static int all_ascii(const uint8_t *p, size_t nbytes)
     return (high & 0x8080808080808080ULL) == 0;
 }
 
-static size_t decode_utf8(const uint8_t *restrict p, size_t nbytes, uint32_t *restrict out)
+/* Continuation bytes of a lead byte c, the allowed range of the first one (which rules out
+ * overlong forms, surrogates and codepoints above U+10FFFF), and c's payload bits; extra = 0
+ * for a byte that cannot start a sequence. */
+static inline size_t utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi, uint32_t *bits)
 {
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        *bits = c & 0x1F;
+        return 1;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        *lo = c == 0xE0 ? 0xA0 : 0x80;
+        *hi = c == 0xED ? 0x9F : 0xBF;
+        *bits = c & 0x0F;
+        return 2;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        *lo = c == 0xF0 ? 0x90 : 0x80;
+        *hi = c == 0xF4 ? 0x8F : 0xBF;
+        *bits = c & 0x07;
+        return 3;
+    }
+    return 0;
+}
+
+static size_t decode_utf8(const uint8_t *restrict p, size_t nbytes, uint32_t *restrict out, size_t cap)
+{
+    if (nbytes > cap)
+        nbytes = cap; /* never reached by score_texts, which sizes cap from the same ranges */
     if (all_ascii(p, nbytes)) {
         for (size_t j = 0; j < nbytes; j++)
             out[j] = p[j];
@@ -335,42 +474,25 @@ static size_t decode_utf8(const uint8_t *restrict p, size_t nbytes, uint32_t *re
     }
     size_t i = 0, n = 0;
     while (i < nbytes) {
-        uint8_t c = p[i];
+        uint8_t c = p[i], lo, hi;
         if (c < 0x80) {
             out[n++] = c;
             i++;
             continue;
         }
         uint32_t cp;
-        size_t extra;
-        if ((c & 0xE0) == 0xC0) {
-            cp = c & 0x1F;
-            extra = 1;
-        } else if ((c & 0xF0) == 0xE0) {
-            cp = c & 0x0F;
-            extra = 2;
-        } else if ((c & 0xF8) == 0xF0) {
-            cp = c & 0x07;
-            extra = 3;
-        } else {
-            out[n++] = 0xFFFD;
-            i++;
-            continue;
-        }
-        if (i + extra >= nbytes) {
-            out[n++] = 0xFFFD;
-            i++;
-            continue;
-        }
-        size_t j;
-        for (j = 1; j <= extra; j++) {
-            if ((p[i + j] & 0xC0) != 0x80)
+        size_t extra = utf8_lead(c, &lo, &hi, &cp), j = 1;
+        for (; j <= extra && i + j < nbytes; j++) {
+            uint8_t b = p[i + j];
+            if (b < lo || b > hi)
                 break;
-            cp = (cp << 6) | (p[i + j] & 0x3F);
+            cp = (cp << 6) | (b & 0x3F);
+            lo = 0x80;
+            hi = 0xBF;
         }
-        if (j <= extra || cp >= NCP) {
-            out[n++] = 0xFFFD;
-            i++;
+        if (extra == 0 || j <= extra) {
+            out[n++] = 0xFFFD; /* the lead byte and the j - 1 valid continuations seen */
+            i += j;
             continue;
         }
         out[n++] = cp;
@@ -379,11 +501,18 @@ static size_t decode_utf8(const uint8_t *restrict p, size_t nbytes, uint32_t *re
     return n;
 }
 
-/* Hash of buf[start .. start+len) from the prefix hashes P[i] = sum_{j<i} (buf[j]+1) POLY^(i-1-j)
- * (mod 2**64): one multiply per span, no per-character loop and no dependency chain. */
-static inline uint64_t span_hash(const uint64_t *P, const uint64_t *pw, uint32_t start, uint32_t len)
+/* Hash of buf[start .. start+len) from the prefix hashes P[i] = sum_{j<i} (buf[j]+1) B^(i-1-j)
+ * (mod 2**64, or keyed mod MP): one multiply per span, no per-character loop and no
+ * dependency chain. */
+static inline uint64_t span_hash(const uint64_t *P, const uint64_t *pw, uint32_t start, uint32_t len, int keyed)
 {
-    return P[start + len] - P[start] * pw[len];
+    return win_hash(P, pw[len], start, len, keyed);
+}
+
+static int cmp_desc_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x < y) - (x > y);
 }
 
 /* Sum of the k largest of v[0..n) (k <= n), reordering v: quickselect, O(n) on average. */
@@ -391,7 +520,14 @@ static uint64_t sum_top_k(uint32_t *v, size_t n, size_t k)
 {
     uint64_t sum = 0;
     size_t lo = 0, hi = n; /* the k largest lie in v[lo..hi) once the loop ends */
+    unsigned rounds = 0;
     while (k > 0 && hi - lo > k) {
+        if (++rounds > 64) {
+            /* Pivots keep failing (crafted counts): sort what is left, O(n log n). */
+            qsort(v + lo, hi - lo, sizeof(uint32_t), cmp_desc_u32);
+            hi = lo + k;
+            break;
+        }
         uint32_t pivot = v[lo + (hi - lo) / 2];
         size_t i = lo, j = lo, g = hi; /* [lo,i): > pivot, [i,j): == pivot, [g,hi): < pivot */
         while (j < g) {
@@ -436,34 +572,50 @@ static inline uint64_t power(uint64_t base, uint32_t e)
     return r;
 }
 
+/* What a score returns: done, out of memory, or the fast hash was flooded (score the text
+ * again with the keyed hash). */
+enum { SCORED = 0, NO_MEMORY = -1, REHASH = 1 };
+
 /* data-juicer character_repetition_filter over codepoint windows of length L. */
 static int char_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float *out)
 {
     *out = 0.0f;
     if (L == 0 || n < L)
-        return 0;
+        return SCORED;
     size_t m = n - L + 1;
-    const uint64_t *P = (const uint64_t *)s->pc.p, pL = ((const uint64_t *)s->pw.p)[L];
+    const int keyed = s->t.keyed;
+    const uint64_t *P = (const uint64_t *)s->pc.p, pL = powers(s)[L];
     uint32_t *sus = (uint32_t *)s->sus.p;
-    /* find_suspects with the window hashes computed in place (not stored: only the few
-     * suspects need them again). */
     unsigned lg = suspects_begin(s, m);
     if (!lg)
-        return -1;
-    for (size_t i = 0; i < m; i++)
-        suspects_mark(s, i, P[i + L] - P[i] * pL, lg);
+        return NO_MEMORY;
+    /* find_suspects with the window hashes computed in place (only the few suspects need
+     * them again). The fast and keyed loops are written out apiece: one loop with a branch
+     * on keyed made this, the hottest score, ~10% slower on long texts. */
+    if (keyed)
+        for (size_t i = 0; i < m; i++)
+            suspects_mark(s, i, win_hash(P, pL, i, L, 1), lg);
+    else
+        for (size_t i = 0; i < m; i++)
+            suspects_mark(s, i, P[i + L] - P[i] * pL, lg);
     size_t ns = suspects_collect(s, m, sus);
     if (ns == 0)
-        return 0; /* every window distinct: nothing repeats */
+        return SCORED; /* every window distinct: nothing repeats */
     if (table_reset(&s->t, ns))
-        return -1;
+        return NO_MEMORY;
     Eq e = {WINDOW, cp, NULL, NULL, L};
-    for (size_t j = 0; j < ns; j++) {
-        uint32_t i = sus[j];
-        table_add(&s->t, P[i + L] - P[i] * pL, i, &e);
+    if (keyed) {
+        for (size_t j = 0; j < ns; j++)
+            table_add(&s->t, win_hash(P, pL, sus[j], L, 1), sus[j], &e); /* keyed: never TOO_MANY */
+    } else {
+        for (size_t j = 0; j < ns; j++) {
+            uint32_t i = sus[j];
+            if (table_add(&s->t, P[i + L] - P[i] * pL, i, &e) == TOO_MANY)
+                return REHASH;
+        }
     }
     size_t distinct = (m - ns) + s->t.nused, nrep = 0;
-    uint32_t *reps = (uint32_t *)s->reps.p;
+    uint32_t *reps = (uint32_t *)s->slot.p;
     for (size_t g = 0; g < s->t.nused; g++) {
         uint32_t c = s->t.e[s->t.used[g]].count;
         if (c > 1)
@@ -473,15 +625,29 @@ static int char_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float 
     if (k > nrep)
         k = nrep;
     if (k == 0)
-        return 0;
+        return SCORED;
     *out = ratio((double)sum_top_k(reps, nrep, k), (double)m);
-    return 0;
+    return SCORED;
 }
 
-/* Polynomial hashes of every run of L consecutive word hashes (rolling). */
-static void gram_hashes(const uint64_t *wh, size_t nw, uint32_t L, uint64_t *out)
+/* Polynomial hashes of every run of L consecutive word hashes (rolling); keyed: mod MP with
+ * the keyed word base, as crafted word sequences can collide mod 2**64 too. */
+static void gram_hashes(const uint64_t *wh, size_t nw, uint32_t L, uint64_t *out, int keyed)
 {
     size_t m = nw - L + 1;
+    if (keyed) {
+        uint64_t top = 1, x = 0;
+        for (uint32_t j = 0; j + 1 < L; j++)
+            top = mp_mul(top, key_word);
+        for (uint32_t j = 0; j < L; j++)
+            x = mp_add(mp_mul(x, key_word), wh[j]);
+        out[0] = x;
+        for (size_t i = 1; i < m; i++) {
+            x = mp_add(mp_mul(mp_sub(x, mp_mul(wh[i - 1], top)), key_word), wh[i + L - 1]);
+            out[i] = x;
+        }
+        return;
+    }
     uint64_t top = power(WORD_MIX, L - 1), x = 0;
     for (uint32_t j = 0; j < L; j++)
         x = x * WORD_MIX + wh[j];
@@ -490,6 +656,19 @@ static void gram_hashes(const uint64_t *wh, size_t nw, uint32_t L, uint64_t *out
         x = (x - wh[i - 1] * top) * WORD_MIX + wh[i + L - 1];
         out[i] = x;
     }
+}
+
+/* Hashes of the spans (ws[w], wl[w]) for w < nw. */
+static void span_hashes(const Scratch *s, const uint64_t *P, const uint32_t *ws, const uint32_t *wl, size_t nw,
+                        uint64_t *out)
+{
+    const uint64_t *pw = powers(s);
+    if (s->t.keyed)
+        for (size_t w = 0; w < nw; w++)
+            out[w] = span_hash(P, pw, ws[w], wl[w], 1);
+    else
+        for (size_t w = 0; w < nw; w++)
+            out[w] = span_hash(P, pw, ws[w], wl[w], 0);
 }
 
 /* data-juicer word_repetition_filter: share of word L-grams whose frequency is > 1. Words
@@ -517,24 +696,23 @@ static int word_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float 
         }
     }
     if (L == 0 || nw < L)
-        return 0;
+        return SCORED;
     uint64_t *wh = (uint64_t *)s->h64b.p, *h = (uint64_t *)s->h64a.p;
-    const uint64_t *P = (const uint64_t *)s->pl.p, *pw = (const uint64_t *)s->pw.p;
-    for (size_t w = 0; w < nw; w++)
-        wh[w] = span_hash(P, pw, ws[w], wl[w]);
+    span_hashes(s, (const uint64_t *)s->pl.p, ws, wl, nw, wh);
     size_t m = nw - L + 1;
-    gram_hashes(wh, nw, L, h);
+    gram_hashes(wh, nw, L, h, s->t.keyed);
     uint32_t *sus = (uint32_t *)s->sus.p;
     size_t ns;
     if (find_suspects(s, h, m, sus, &ns))
-        return -1;
+        return NO_MEMORY;
     if (ns == 0)
-        return 0;
+        return SCORED;
     if (table_reset(&s->t, ns))
-        return -1;
+        return NO_MEMORY;
     Eq e = {SPANS, low, ws, wl, L};
     for (size_t j = 0; j < ns; j++)
-        table_add(&s->t, h[sus[j]], sus[j], &e);
+        if (table_add(&s->t, h[sus[j]], sus[j], &e) == TOO_MANY)
+            return REHASH;
     double rep = 0;
     for (size_t g = 0; g < s->t.nused; g++) {
         uint32_t c = s->t.e[s->t.used[g]].count;
@@ -542,7 +720,7 @@ static int word_rep(Scratch *s, const uint32_t *cp, size_t n, uint32_t L, float 
             rep += c;
     }
     *out = ratio(rep, (double)m);
-    return 0;
+    return SCORED;
 }
 
 /* Gopher duplicate lines: lines are maximal runs of non-newline characters. */
@@ -563,16 +741,18 @@ static int dup_lines(Scratch *s, const uint32_t *cp, size_t n, float *frac, floa
         ll[nl] = (uint32_t)(i - a);
         nl++;
     }
-    if (nl < 2) {
-        return 0;
-    }
+    if (nl < 2)
+        return SCORED;
     if (table_reset(&s->t, nl))
-        return -1;
+        return NO_MEMORY;
     Eq e = {SPAN, cp, ls, ll, 0};
-    const uint64_t *P = (const uint64_t *)s->pc.p, *pw = (const uint64_t *)s->pw.p;
+    const uint64_t *P = (const uint64_t *)s->pc.p, *pw = powers(s);
+    const int keyed = s->t.keyed;
     double dl = 0, dc = 0;
     for (size_t j = 0; j < nl; j++) {
-        size_t slot = table_add(&s->t, span_hash(P, pw, ls[j], ll[j]), (uint32_t)j, &e);
+        size_t slot = table_add(&s->t, span_hash(P, pw, ls[j], ll[j], keyed), (uint32_t)j, &e);
+        if (slot == TOO_MANY)
+            return REHASH;
         if (s->t.e[slot].first != j) {
             dl += 1;
             dc += ll[j];
@@ -580,7 +760,7 @@ static int dup_lines(Scratch *s, const uint32_t *cp, size_t n, float *frac, floa
     }
     *frac = ratio(dl, (double)nl);
     *char_frac = ratio(dc, (double)n);
-    return 0;
+    return SCORED;
 }
 
 /* Gopher word n-gram fractions. Grows n from 2 and follows only n-grams whose (n-1)-gram
@@ -606,20 +786,17 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     }
     *words_out = (int32_t)nw;
     if (nw < 2 || max_n < 2)
-        return 0;
-    uint64_t *wh = (uint64_t *)s->h64a.p, *raw = (uint64_t *)s->h64b.p, *raw2 = (uint64_t *)s->h64c.p;
-    const uint64_t *P = (const uint64_t *)s->pc.p, *pw = (const uint64_t *)s->pw.p;
-    for (size_t w = 0; w < nw; w++)
-        wh[w] = span_hash(P, pw, gs[w], gl[w]);
+        return SCORED;
+    uint64_t *wh = (uint64_t *)s->h64a.p, *raw = (uint64_t *)s->h64b.p;
+    span_hashes(s, (const uint64_t *)s->pc.p, gs, gl, nw, wh);
     /* Bigrams: only those whose bucket is shared can repeat. */
-    gram_hashes(wh, nw, 2, raw);
+    gram_hashes(wh, nw, 2, raw, s->t.keyed);
     uint32_t *cand = (uint32_t *)s->sus.p, *slot = (uint32_t *)s->slot.p;
     size_t nc;
     if (find_suspects(s, raw, nw - 1, cand, &nc))
-        return -1;
+        return NO_MEMORY;
     for (size_t c = 0; c < nc; c++)
-        raw2[c] = raw[cand[c]];
-    raw = raw2;
+        raw[c] = raw[cand[c]]; /* cand[c] >= c: in-place compaction is safe */
     uint32_t *pg = (uint32_t *)s->pg.p;
     uint32_t *cs = (uint32_t *)s->cover.p; /* prefix sums of word lengths, made on first use */
     int have_cs = 0;
@@ -627,15 +804,23 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     int ti = 0, di = 0;
     for (int k = 2; k <= max_n && nc > 0; k++) {
         if (table_reset(&s->t, nc))
-            return -1;
+            return NO_MEMORY;
         if (k == 2) {
             Eq e = {SPANS, cp, gs, gl, 2};
-            for (size_t c = 0; c < nc; c++)
-                slot[c] = (uint32_t)table_add(&s->t, raw[c], cand[c], &e);
+            for (size_t c = 0; c < nc; c++) {
+                size_t x = table_add(&s->t, raw[c], cand[c], &e);
+                if (x == TOO_MANY)
+                    return REHASH;
+                slot[c] = (uint32_t)x;
+            }
         } else {
-            for (size_t c = 0; c < nc; c++)
-                slot[c] = (uint32_t)table_add_prefixed(&s->t, (uint64_t)pg[c] * POLY + wh[cand[c] + k - 1], cand[c],
-                                                       pg[c], cp, gs, gl, (uint32_t)(k - 1));
+            for (size_t c = 0; c < nc; c++) {
+                size_t x = table_add_prefixed(&s->t, (uint64_t)pg[c] * POLY + wh[cand[c] + k - 1], cand[c], pg[c], cp,
+                                              gs, gl, (uint32_t)(k - 1));
+                if (x == TOO_MANY)
+                    return REHASH;
+                slot[c] = (uint32_t)x;
+            }
         }
         if (is_top[k]) {
             uint32_t best = 1, best_first = UINT32_MAX;
@@ -695,7 +880,7 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
         }
         nc = nn;
     }
-    return 0;
+    return SCORED;
 }
 
 /* URLs exactly as quality_scores.URL_RE.finditer finds them, trailing punctuation excluded:
@@ -766,6 +951,171 @@ static void count_urls(const uint32_t *cp, const uint8_t *tcls, size_t n, int32_
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* One call, fixed before the GIL is released: everything the scoring loop reads about the
+ * texts' layout is a private copy, checked once, so a caller changing its arrays meanwhile
+ * changes nothing here. */
+typedef struct {
+    const uint8_t *bytes;
+    int64_t *seg_a, *seg_b, *grp; /* copies of starts, ends, groups */
+    size_t *cap;                  /* codepoints each joined text can decode to: its bytes */
+    size_t nt, ncol;
+    const uint8_t *tcls, *tsp;
+    const uint32_t *tlow;
+    uint32_t char_len, word_len;
+    int ignore_ws, max_n;
+    size_t n_top;
+    uint8_t is_top[MAX_N + 1], is_dup[MAX_N + 1];
+    float *of;
+    int32_t *oi;
+} Call;
+
+static void call_free(Call *c)
+{
+    free(c->seg_a);
+    free(c->seg_b);
+    free(c->grp);
+    free(c->cap);
+}
+
+/* Decodes text t (its segments joined by "\n") into s->cp; returns its length. Writes are
+ * bounded by c->cap[t], computed once from the same private ranges. */
+static size_t decode_text(Scratch *s, const Call *c, size_t t)
+{
+    uint32_t *cp = (uint32_t *)s->cp.p;
+    size_t n = 0, cap = c->cap[t];
+    for (int64_t j = c->grp[t]; j < c->grp[t + 1]; j++) {
+        if (j > c->grp[t] && n < cap)
+            cp[n++] = 10;
+        n += decode_utf8(c->bytes + c->seg_a[j], (size_t)(c->seg_b[j] - c->seg_a[j]), cp + n, cap - n);
+    }
+    return n;
+}
+
+/* One pass over the codepoints: classes, lower case, special flags and the fast prefix hashes,
+ * plus the scores that need nothing else (repeats, special characters, URLs). */
+static void first_pass(Scratch *s, const Call *c, size_t n, float *row, int32_t *ints)
+{
+    const uint32_t *cp = (const uint32_t *)s->cp.p;
+    uint32_t *lw = (uint32_t *)s->low.p;
+    size_t rep = 0, special = 0;
+    int maybe_url = 0;
+    uint64_t *pc = (uint64_t *)s->pc.p, *pl = (uint64_t *)s->pl.p, hc = 0, hl = 0;
+    uint8_t *cl = (uint8_t *)s->cls.p, *spf = (uint8_t *)s->spf.p;
+    uint32_t prev_c = 0xFFFFFFFFu;
+    /* Locals, not c->...: the byte stores below may alias c, which would force reloads. */
+    const int ignore_ws = c->ignore_ws;
+    const uint8_t *tcls = c->tcls, *tsp = c->tsp;
+    const uint32_t *tlow = c->tlow;
+    pc[0] = pl[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t ch = cp[i];
+        uint8_t k = tcls[ch];
+        uint32_t lc = tlow[ch];
+        cl[i] = k;
+        lw[i] = lc;
+        hc = hc * POLY + ch + 1;
+        hl = hl * POLY + lc + 1;
+        pc[i + 1] = hc;
+        pl[i + 1] = hl;
+        uint8_t sp_c = tsp[ch];
+        spf[i] = sp_c;
+        special += sp_c;
+        rep += (ch == prev_c) & (!ignore_ws | (k != CLS_SPACE));
+        /* "://" or "www." need "//" or "w.": a cheap superset test before count_urls. */
+        maybe_url |= ((ch == '/') & (prev_c == '/')) | ((ch == '.') & (prev_c == 'w'));
+        prev_c = ch;
+    }
+    if (maybe_url)
+        count_urls(cp, tcls, n, &ints[2], &ints[3]);
+    row[0] = ratio((double)rep, (double)n);
+    row[1] = ratio((double)special, (double)n);
+}
+
+/* Replaces the fast prefix hashes by keyed ones (mod MP, random base) for the rescoring. */
+static int keyed_prefixes(Scratch *s, size_t n)
+{
+    if (powers_need(&s->pk, &s->npk, n + 2, key_char, 1))
+        return -1;
+    const uint32_t *cp = (const uint32_t *)s->cp.p, *lw = (const uint32_t *)s->low.p;
+    uint64_t *pc = (uint64_t *)s->pc.p, *pl = (uint64_t *)s->pl.p, hc = 0, hl = 0;
+    pc[0] = pl[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        hc = mp_add(mp_mul(hc, key_char), cp[i] + 1);
+        hl = mp_add(mp_mul(hl, key_char), lw[i] + 1);
+        pc[i + 1] = hc;
+        pl[i + 1] = hl;
+    }
+    return 0;
+}
+
+/* The scores that group n-grams, words and lines: SCORED, NO_MEMORY or REHASH. */
+static int hashed_scores(Scratch *s, const Call *c, size_t n, float *row, int32_t *ints)
+{
+    const uint32_t *cp = (const uint32_t *)s->cp.p;
+    const uint8_t *cl = (const uint8_t *)s->cls.p;
+    int r = char_rep(s, cp, n, c->char_len, &row[2]);
+    if (r == SCORED)
+        r = word_rep(s, cp, n, c->word_len, &row[3]);
+    if (r == SCORED)
+        r = dup_lines(s, cp, n, &row[4], &row[5]);
+    if (r == SCORED)
+        r = gopher(s, cp, cl, n, c->is_top, c->is_dup, c->max_n, row + 6, row + 6 + c->n_top, &ints[1]);
+    return r;
+}
+
+/* Scores text t into row / ints; -1 when memory ran out. A text that floods the fast hash
+ * is scored again with the keyed one (same numbers: groups are exact either way). */
+static int score_text(Scratch *s, const Call *c, size_t t, float *row, int32_t *ints)
+{
+    if (scratch_need(s, c->cap[t]))
+        return -1;
+    size_t n = decode_text(s, c, t);
+    ints[0] = (int32_t)n;
+    if (n == 0)
+        return 0;
+    first_pass(s, c, n, row, ints);
+    s->t.keyed = 0;
+    s->t.false_hits = 0;
+    s->t.max_false = FAST_MAX_FALSE;
+    int r = hashed_scores(s, c, n, row, ints);
+    if (r != REHASH)
+        return r == SCORED ? 0 : -1;
+    memset(row + 2, 0, (c->ncol - 2) * sizeof(float));
+    if (keyed_prefixes(s, n))
+        return -1;
+    s->rescored++;
+    s->t.keyed = 1;
+    s->t.max_false = UINT64_MAX;
+    r = hashed_scores(s, c, n, row, ints);
+    s->t.keyed = 0;
+    return r == SCORED ? 0 : -1;
+}
+
+/* Scores every text (no Python calls: runs without the GIL); -1 when memory ran out. */
+static int score_all(const Call *c, int64_t counters[3])
+{
+    Scratch s;
+    memset(&s, 0, sizeof(s));
+    int failed = 0;
+    for (size_t t = 0; t < c->nt && !failed; t++) {
+        /* Scores of this text, stored column-major at the end (each score is one contiguous
+         * array for Python: no copies). */
+        float row[6 + 2 * MAX_N];
+        int32_t ints[4] = {0, 0, 0, 0};
+        memset(row, 0, sizeof(row));
+        failed = score_text(&s, c, t, row, ints);
+        for (size_t j = 0; j < c->ncol; j++)
+            c->of[j * c->nt + t] = row[j];
+        for (size_t j = 0; j < 4; j++)
+            c->oi[j * c->nt + t] = ints[j];
+    }
+    counters[0] = (int64_t)s.t.cmps;
+    counters[1] = (int64_t)s.t.false_total;
+    counters[2] = (int64_t)s.rescored;
+    scratch_free(&s);
+    return failed ? -1 : 0;
+}
+
 static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *name)
 {
     if (PyObject_GetBuffer(obj, view, writable ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0) {
@@ -776,149 +1126,161 @@ static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *nam
     return 0;
 }
 
-static PyObject *score_texts(PyObject *self, PyObject *args)
+/* Typed loads and stores need aligned memory (a misaligned one is undefined behaviour). */
+static int check_aligned(const Py_buffer *v, size_t align, const char *name)
 {
-    (void)self;
-    PyObject *o_data, *o_starts, *o_ends, *o_groups, *o_cls, *o_sp, *o_low, *o_outf, *o_outi;
-    unsigned int char_len, word_len;
-    int ignore_ws;
-    const char *top_ns, *dup_ns;
-    Py_ssize_t n_top, n_dup;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOIIpy#y#", &o_data, &o_starts, &o_ends, &o_groups, &o_cls, &o_sp, &o_low,
-                          &o_outf, &o_outi, &char_len, &word_len, &ignore_ws, &top_ns, &n_top, &dup_ns, &n_dup))
-        return NULL;
-    Py_buffer data = {0}, starts = {0}, ends = {0}, groups = {0}, cls = {0}, sp = {0}, low = {0}, outf = {0},
-              outi = {0};
-    PyObject *result = NULL;
-    if (get_buf(o_data, &data, 0, "data") || get_buf(o_starts, &starts, 0, "starts") ||
-        get_buf(o_ends, &ends, 0, "ends") || get_buf(o_groups, &groups, 0, "groups") ||
-        get_buf(o_cls, &cls, 0, "cls") || get_buf(o_sp, &sp, 0, "special") || get_buf(o_low, &low, 0, "lower") ||
-        get_buf(o_outf, &outf, 1, "out_f") || get_buf(o_outi, &outi, 1, "out_i"))
-        goto done;
-    uint8_t is_top[MAX_N + 1] = {0}, is_dup[MAX_N + 1] = {0};
-    int max_n = 0;
+    if ((uintptr_t)v->buf % align) {
+        PyErr_Format(PyExc_ValueError, "score_texts: %s must be %zu-byte aligned", name, align);
+        return -1;
+    }
+    return 0;
+}
+
+/* The n-gram sizes: each in 2..MAX_N, each list strictly increasing (the column order). */
+static int parse_ngram_sizes(Call *c, const char *top_ns, Py_ssize_t n_top, const char *dup_ns, Py_ssize_t n_dup)
+{
     for (Py_ssize_t j = 0; j < n_top + n_dup; j++) {
         int k = (uint8_t)(j < n_top ? top_ns[j] : dup_ns[j - n_top]);
         if (k < 2 || k > MAX_N) {
             PyErr_Format(PyExc_ValueError, "score_texts: n-gram size %d outside 2..%d", k, MAX_N);
-            goto done;
+            return -1;
         }
         if (j < n_top)
-            is_top[k] = 1;
+            c->is_top[k] = 1;
         else
-            is_dup[k] = 1;
-        if (k > max_n)
-            max_n = k;
+            c->is_dup[k] = 1;
+        if (k > c->max_n)
+            c->max_n = k;
     }
-    /* Sizes in ascending order (the column order of out_f) must match the given order. */
     for (Py_ssize_t j = 1; j < n_top; j++)
         if ((uint8_t)top_ns[j] <= (uint8_t)top_ns[j - 1]) {
             PyErr_SetString(PyExc_ValueError, "score_texts: top_ns must be strictly increasing");
-            goto done;
+            return -1;
         }
     for (Py_ssize_t j = 1; j < n_dup; j++)
         if ((uint8_t)dup_ns[j] <= (uint8_t)dup_ns[j - 1]) {
             PyErr_SetString(PyExc_ValueError, "score_texts: dup_ns must be strictly increasing");
-            goto done;
+            return -1;
         }
-    if (groups.len % 8 || groups.len < 8 || starts.len % 8 || starts.len != ends.len) {
+    c->n_top = (size_t)n_top;
+    c->ncol = 6 + (size_t)n_top + (size_t)n_dup;
+    return 0;
+}
+
+static int check_rep_len(Py_ssize_t v, const char *name)
+{
+    if (v < 1 || v > MAX_REP_LEN) {
+        PyErr_Format(PyExc_ValueError, "score_texts: %s must be between 1 and %d, got %zd", name, MAX_REP_LEN, v);
+        return -1;
+    }
+    return 0;
+}
+
+/* Copies starts / ends / groups (memcpy: any alignment), checks the copies and measures each
+ * joined text once. Runs with the GIL held. */
+static int snapshot_layout(Call *c, const Py_buffer *starts, const Py_buffer *ends, const Py_buffer *groups,
+                           Py_ssize_t data_len)
+{
+    if (groups->len % 8 || groups->len < 8 || starts->len % 8 || starts->len != ends->len) {
         PyErr_SetString(PyExc_ValueError, "score_texts: starts/ends must be int64[segments], groups int64[n + 1]");
+        return -1;
+    }
+    size_t nseg = (size_t)starts->len / 8;
+    c->nt = (size_t)groups->len / 8 - 1;
+    c->seg_a = malloc(nseg * 8 + 8);
+    c->seg_b = malloc(nseg * 8 + 8);
+    c->grp = malloc((size_t)groups->len);
+    c->cap = malloc(c->nt * sizeof(size_t) + 8);
+    if (!c->seg_a || !c->seg_b || !c->grp || !c->cap) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(c->seg_a, starts->buf, nseg * 8);
+    memcpy(c->seg_b, ends->buf, nseg * 8);
+    memcpy(c->grp, groups->buf, (size_t)groups->len);
+    for (size_t j = 0; j < nseg; j++)
+        if (c->seg_a[j] < 0 || c->seg_b[j] < c->seg_a[j] || c->seg_b[j] > (int64_t)data_len) {
+            PyErr_SetString(PyExc_ValueError, "score_texts: segment offsets out of range");
+            return -1;
+        }
+    for (size_t t = 0; t < c->nt; t++) {
+        if (c->grp[t] < 0 || c->grp[t + 1] < c->grp[t] || (size_t)c->grp[t + 1] > nseg) {
+            PyErr_SetString(PyExc_ValueError, "score_texts: groups out of range");
+            return -1;
+        }
+        int64_t nb = 0; /* the segments and the newlines between them */
+        for (int64_t j = c->grp[t]; j < c->grp[t + 1] && nb <= MAX_TEXT_BYTES; j++)
+            nb += c->seg_b[j] - c->seg_a[j] + (j > c->grp[t]); /* each term < 2**63: no overflow */
+        if (nb > MAX_TEXT_BYTES) {
+            PyErr_Format(PyExc_ValueError, "score_texts: text %zu is longer than %lld bytes", t,
+                         (long long)MAX_TEXT_BYTES);
+            return -1;
+        }
+        c->cap[t] = (size_t)nb;
+    }
+    return 0;
+}
+
+static PyObject *score_texts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_data, *o_starts, *o_ends, *o_groups, *o_cls, *o_sp, *o_low, *o_outf, *o_outi, *o_stats = Py_None;
+    Py_ssize_t char_len, word_len;
+    int ignore_ws;
+    const char *top_ns, *dup_ns;
+    Py_ssize_t n_top, n_dup;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOnnpy#y#|O", &o_data, &o_starts, &o_ends, &o_groups, &o_cls, &o_sp, &o_low,
+                          &o_outf, &o_outi, &char_len, &word_len, &ignore_ws, &top_ns, &n_top, &dup_ns, &n_dup,
+                          &o_stats))
+        return NULL;
+    Py_buffer data = {0}, starts = {0}, ends = {0}, groups = {0}, cls = {0}, sp = {0}, low = {0}, outf = {0},
+              outi = {0}, stats = {0};
+    Call c;
+    memset(&c, 0, sizeof(c));
+    PyObject *result = NULL;
+    if (get_buf(o_data, &data, 0, "data") || get_buf(o_starts, &starts, 0, "starts") ||
+        get_buf(o_ends, &ends, 0, "ends") || get_buf(o_groups, &groups, 0, "groups") ||
+        get_buf(o_cls, &cls, 0, "cls") || get_buf(o_sp, &sp, 0, "special") || get_buf(o_low, &low, 0, "lower") ||
+        get_buf(o_outf, &outf, 1, "out_f") || get_buf(o_outi, &outi, 1, "out_i") ||
+        (o_stats != Py_None && get_buf(o_stats, &stats, 1, "stats")))
+        goto done;
+    if (check_rep_len(char_len, "char_rep_len") || check_rep_len(word_len, "word_rep_len") ||
+        parse_ngram_sizes(&c, top_ns, n_top, dup_ns, n_dup))
+        goto done;
+    if (check_aligned(&low, 4, "lower") || check_aligned(&outf, 4, "out_f") || check_aligned(&outi, 4, "out_i") ||
+        (stats.buf && check_aligned(&stats, 8, "stats")))
+        goto done;
+    if (stats.buf && stats.len < 3 * 8) {
+        PyErr_SetString(PyExc_ValueError, "score_texts: stats must be int64[3]");
         goto done;
     }
-    size_t nt = (size_t)groups.len / 8 - 1, nseg = (size_t)starts.len / 8;
-    size_t ncol = 6 + (size_t)n_top + (size_t)n_dup;
     if ((size_t)cls.len < NCP || (size_t)sp.len < NCP || (size_t)low.len < NCP * 4) {
         PyErr_SetString(PyExc_ValueError, "score_texts: cls/special/lower tables must cover all codepoints");
         goto done;
     }
-    if ((size_t)outf.len < nt * ncol * 4 || (size_t)outi.len < nt * 4 * 4) {
+    if (snapshot_layout(&c, &starts, &ends, &groups, data.len))
+        goto done;
+    if ((size_t)outf.len < c.nt * c.ncol * 4 || (size_t)outi.len < c.nt * 4 * 4) {
         PyErr_SetString(PyExc_ValueError, "score_texts: output buffers are too small");
         goto done;
     }
-    const int64_t *seg_a = (const int64_t *)starts.buf, *seg_b = (const int64_t *)ends.buf;
-    const int64_t *grp = (const int64_t *)groups.buf;
-    for (size_t j = 0; j < nseg; j++)
-        if (seg_a[j] < 0 || seg_b[j] < seg_a[j] || seg_b[j] > (int64_t)data.len) {
-            PyErr_SetString(PyExc_ValueError, "score_texts: segment offsets out of range");
-            goto done;
-        }
-    for (size_t t = 0; t < nt; t++)
-        if (grp[t] < 0 || grp[t + 1] < grp[t] || (size_t)grp[t + 1] > nseg) {
-            PyErr_SetString(PyExc_ValueError, "score_texts: groups out of range");
-            goto done;
-        }
-    int failed = 0;
+    c.bytes = (const uint8_t *)data.buf;
+    c.tcls = (const uint8_t *)cls.buf;
+    c.tsp = (const uint8_t *)sp.buf;
+    c.tlow = (const uint32_t *)low.buf;
+    c.char_len = (uint32_t)char_len;
+    c.word_len = (uint32_t)word_len;
+    c.ignore_ws = ignore_ws;
+    c.of = (float *)outf.buf;
+    c.oi = (int32_t *)outi.buf;
+    int failed;
+    int64_t counters[3];
     Py_BEGIN_ALLOW_THREADS
-    Scratch s;
-    memset(&s, 0, sizeof(s));
-    const uint8_t *tcls = (const uint8_t *)cls.buf, *tsp = (const uint8_t *)sp.buf;
-    const uint32_t *tlow = (const uint32_t *)low.buf;
-    const uint8_t *bytes = (const uint8_t *)data.buf;
-    float *of = (float *)outf.buf;
-    int32_t *oi = (int32_t *)outi.buf;
-    for (size_t t = 0; t < nt && !failed; t++) {
-        /* Text t: its segments joined by "\n". */
-        size_t nb = 0;
-        for (int64_t j = grp[t]; j < grp[t + 1]; j++)
-            nb += (size_t)(seg_b[j] - seg_a[j]) + 1;
-        /* Scores of this text, stored column-major at the end (each score is one contiguous
-         * array for Python: no copies). */
-        float row[6 + 2 * MAX_N];
-        int32_t ints[4] = {0, 0, 0, 0};
-        memset(row, 0, sizeof(row));
-        if (scratch_need(&s, nb)) {
-            failed = 1;
-            break;
-        }
-        uint32_t *cp = (uint32_t *)s.cp.p, *lw = (uint32_t *)s.low.p;
-        size_t n = 0;
-        for (int64_t j = grp[t]; j < grp[t + 1]; j++) {
-            if (j > grp[t])
-                cp[n++] = 10;
-            n += decode_utf8(bytes + seg_a[j], (size_t)(seg_b[j] - seg_a[j]), cp + n);
-        }
-        ints[0] = (int32_t)n;
-        if (n > 0) {
-            size_t rep = 0, special = 0;
-            int maybe_url = 0;
-            uint64_t *pc = (uint64_t *)s.pc.p, *pl = (uint64_t *)s.pl.p, hc = 0, hl = 0;
-            uint8_t *cl = (uint8_t *)s.cls.p, *spf = (uint8_t *)s.spf.p;
-            uint32_t prev_c = 0xFFFFFFFFu;
-            pc[0] = pl[0] = 0;
-            for (size_t i = 0; i < n; i++) {
-                uint32_t c = cp[i];
-                uint8_t k = tcls[c];
-                uint32_t lc = tlow[c];
-                cl[i] = k;
-                lw[i] = lc;
-                hc = hc * POLY + c + 1;
-                hl = hl * POLY + lc + 1;
-                pc[i + 1] = hc;
-                pl[i + 1] = hl;
-                uint8_t sp_c = tsp[c];
-                spf[i] = sp_c;
-                special += sp_c;
-                rep += (c == prev_c) & (!ignore_ws | (k != CLS_SPACE));
-                /* "://" or "www." need "//" or "w.": a cheap superset test before count_urls. */
-                maybe_url |= ((c == '/') & (prev_c == '/')) | ((c == '.') & (prev_c == 'w'));
-                prev_c = c;
-            }
-            if (maybe_url)
-                count_urls(cp, tcls, n, &ints[2], &ints[3]);
-            row[0] = ratio((double)rep, (double)n);
-            row[1] = ratio((double)special, (double)n);
-            if (char_rep(&s, cp, n, char_len, &row[2]) || word_rep(&s, cp, n, word_len, &row[3]) ||
-                dup_lines(&s, cp, n, &row[4], &row[5]) ||
-                gopher(&s, cp, cl, n, is_top, is_dup, max_n, row + 6, row + 6 + n_top, &ints[1]))
-                failed = 1;
-        }
-        for (size_t j = 0; j < ncol; j++)
-            of[j * nt + t] = row[j];
-        for (size_t j = 0; j < 4; j++)
-            oi[j * nt + t] = ints[j];
-    }
-    scratch_free(&s);
+    failed = score_all(&c, counters);
     Py_END_ALLOW_THREADS
+    if (stats.buf)
+        for (int j = 0; j < 3; j++)
+            ((int64_t *)stats.buf)[j] += counters[j];
     if (failed) {
         PyErr_NoMemory();
         goto done;
@@ -926,6 +1288,7 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
     result = Py_None;
     Py_INCREF(result);
 done:
+    call_free(&c);
     PyBuffer_Release(&data);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ends);
@@ -935,6 +1298,7 @@ done:
     PyBuffer_Release(&low);
     PyBuffer_Release(&outf);
     PyBuffer_Release(&outi);
+    PyBuffer_Release(&stats);
     return result;
 }
 
@@ -945,4 +1309,38 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qscore", "Compiled repetition scores.", -1, methods};
 
-PyMODINIT_FUNC PyInit__qscore(void) { return PyModule_Create(&module); }
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* Draws the keyed bases from os.urandom (else from the clock and an address): a text cannot
+ * be built to collide under a base it does not know. Only timing depends on them. */
+static void draw_keys(void)
+{
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)&key_char << 16);
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *b = os ? PyObject_CallMethod(os, "urandom", "n", (Py_ssize_t)8) : NULL;
+    if (b && PyBytes_Check(b) && PyBytes_GET_SIZE(b) == 8)
+        memcpy(&seed, PyBytes_AS_STRING(b), 8);
+    Py_XDECREF(b);
+    Py_XDECREF(os);
+    PyErr_Clear();
+    key_char = (1ULL << 32) + splitmix64(&seed) % (MP - (1ULL << 33));
+    key_word = (1ULL << 32) + splitmix64(&seed) % (MP - (1ULL << 33));
+}
+
+PyMODINIT_FUNC PyInit__qscore(void)
+{
+    draw_keys();
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddIntConstant(m, "MAX_REP_LEN", MAX_REP_LEN) ||
+              PyModule_AddObject(m, "MAX_TEXT_BYTES", PyLong_FromLongLong(MAX_TEXT_BYTES)))) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -2,14 +2,19 @@
 
 This is the NumPy reference implementation; the pipeline runs the compiled kernel
 (``_qscore.c`` via ``repetition_kernel``) when it is built, and the tests hold both to the
-same numbers. One difference: this reference groups by hash alone, so adversarial texts whose
-polynomial hashes collide (Thue-Morse blocks of 2048+ characters) can be miscounted here; the
-kernel compares the text on every hash match and is exact.
+same numbers. One difference: this reference groups by the full 64-bit hash alone, so
+adversarial texts whose polynomial hashes collide mod 2**64 (Thue-Morse blocks of 1024+
+characters, or crafted ones) can be miscounted here; ordinary texts collide with probability
+~ n**2 / 2**64. The kernel compares the text on every hash match and is exact.
+Invalid UTF-8 (an Arrow string array built without validation) decodes as
+``bytes.decode("utf-8", "replace")`` does, text by text, as in the kernel.
 
 All functions take a list of texts and return one float32 (or int32) value per text. The
 texts of a batch are concatenated into one uint32 codepoint array; every n-gram, word and
 line is a span of it, hashed in O(1) from one polynomial prefix hash (mod 2**64), and
-grouped per text by sorting cache-sized chunks of packed keys ``[text | hash | position]``.
+grouped per text by sorting cache-sized chunks of packed keys ``[text | hash | position]``
+(checked against the full hashes; a chunk where the packed bits are ambiguous, or too big
+for them, is grouped by a sort on (text, full hash)).
 No per-character Python runs; per-text Python is limited to the (few) texts with URLs.
 
 Definitions (each checked against a hand-computed example in tests/test_quality.py):
@@ -167,28 +172,45 @@ def group_within_texts(hashes: np.ndarray, text_of: np.ndarray, want_dups: bool 
 
 
 def group_counts(hashes: np.ndarray, text_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(text, size) of each group of equal hashes inside each text; no positions, so the
-    sort key is just [text rank | 53 hash bits] (``text_of`` non-decreasing)."""
+    """(text, size) of each group of equal 64-bit hashes inside each text (``text_of``
+    non-decreasing); like ``group_within_texts`` without first occurrences (cheaper)."""
     n = len(hashes)
     if n == 0:
         e = np.zeros(0, dtype=np.int64)
         return e, e
-    change = np.flatnonzero(text_of[1:] != text_of[:-1]) + 1
-    # Low bits: for an unmixed polynomial hash mod 2**64 they are the hash mod 2**53 and
-    # depend on every character (the high bits would lose the first ones).
-    low = hashes & _U64((1 << (64 - _TEXT_BITS)) - 1)
-    bounds = _chunk_bounds(change.tolist(), n, text_of)
+    # Mixed first (a bijection, so the groups are the same): the packed keys keep the top
+    # bits, and an unmixed polynomial hash of two windows that differ in their first
+    # character differs only in its low bits.
+    with np.errstate(over="ignore"):
+        mixed = hashes * _U64(0xBF58476D1CE4E5B9)
+        mixed ^= mixed >> _U64(31)
+    change = (np.flatnonzero(text_of[1:] != text_of[:-1]) + 1).tolist()
+    bounds = _chunk_bounds(change, n, text_of)
     texts, counts = [], []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        base = int(text_of[a])
-        # The text (relative to the chunk's first) sits in the top bits: groups never mix texts.
-        k = np.sort(((text_of[a:b] - base).view(_U64) << _TSHIFT) | low[a:b])
-        new = np.ones(b - a, dtype=bool)
-        np.not_equal(k[1:], k[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
-        counts.append(np.diff(starts, append=b - a))
-        texts.append((k[starts] >> _TSHIFT).view(np.int64) + base)
+        got = _count_packed(mixed, text_of, a, b) if b - a <= 1 << _POS_BITS else None
+        if got is None:
+            t, c, _, _ = _group_sorted(mixed, text_of, a, b, False)
+            got = t, c
+        texts.append(got[0])
+        counts.append(got[1])
     return np.concatenate(texts), np.concatenate(counts)
+
+
+def _count_packed(hashes: np.ndarray, text_of: np.ndarray, a: int,
+                  b: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(text, count) of the groups of elements a..b-1 from one packed sort (see
+    ``_group_packed``); None when the kept hash bits are ambiguous."""
+    key = _packed_keys(hashes, text_of, a, b)
+    g = key >> _PSHIFT
+    new = np.empty(b - a, dtype=bool)
+    new[0] = True
+    np.not_equal(g[1:], g[:-1], out=new[1:])
+    if not _packed_groups_exact(hashes[a:b], key, new):
+        return None
+    starts = np.flatnonzero(new)
+    texts = (g[starts] >> (_TSHIFT - _PSHIFT)).view(np.int64) + int(text_of[a])
+    return texts, np.diff(starts, append=b - a)
 
 
 def _chunk_bounds(change: list[int], n: int, text_of: np.ndarray) -> list[int]:
@@ -209,28 +231,65 @@ _HSHIFT = _U64(64 - _HASH_BITS)
 _PSHIFT = _U64(_POS_BITS)
 _TSHIFT = _U64(64 - _TEXT_BITS)
 _PMASK = _U64((1 << _POS_BITS) - 1)
+_POSITIONS = np.arange(1 << _POS_BITS, dtype=_U64)
 
 
 def _group_chunk(hashes: np.ndarray, text_of: np.ndarray, a: int, b: int,
                  want_dups: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    m = b - a
-    if m > (1 << _POS_BITS):
-        # One huge text: generic (slower) path on the full 64-bit hash.
-        order = np.argsort(hashes[a:b], kind="stable")
-        hs = hashes[a:b][order]
-        new = np.ones(m, dtype=bool)
-        new[1:] = hs[1:] != hs[:-1]
-        pos = order
-    else:
-        key = ((text_of[a:b] - text_of[a]).view(_U64) << _TSHIFT) | ((hashes[a:b] >> _HSHIFT) << _PSHIFT) \
-            | np.arange(m, dtype=_U64)
-        key.sort()
-        pos = (key & _PMASK).astype(np.int64)
-        g = key >> _PSHIFT
-        new = np.ones(m, dtype=bool)
-        new[1:] = g[1:] != g[:-1]
+    """Groups of elements a..b-1 by (text, full 64-bit hash): text, count, first index, dups."""
+    if b - a <= 1 << _POS_BITS:
+        got = _group_packed(hashes, text_of, a, b, want_dups)
+        if got is not None:
+            return got
+    return _group_sorted(hashes, text_of, a, b, want_dups)
+
+
+def _packed_keys(hashes: np.ndarray, text_of: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Sorted keys [text - text_of[a] | top hash bits | position] of elements a..b-1."""
+    key = (text_of[a:b] - text_of[a]).view(_U64) << _TSHIFT
+    key |= (hashes[a:b] >> _HSHIFT) << _PSHIFT
+    key |= _POSITIONS[: b - a]
+    key.sort()
+    return key
+
+
+def _packed_groups_exact(hashes: np.ndarray, key: np.ndarray, new: np.ndarray) -> bool:
+    """Whether the groups of the packed keys (``new`` marks each group's start) hold one full
+    hash each: merging two would score two different n-grams as one."""
+    full = hashes[(key & _PMASK).view(np.int64)]  # positions < 2**17: a view, not a slow cast
+    return not np.any((full[1:] != full[:-1]) > new[1:])
+
+
+def _group_packed(hashes: np.ndarray, text_of: np.ndarray, a: int, b: int,
+                  want_dups: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """One in-cache sort of packed keys [text | top hash bits | position]; None when the kept
+    bits are ambiguous (then the caller sorts on the full hash)."""
+    key = _packed_keys(hashes, text_of, a, b)
+    g = key >> _PSHIFT
+    new = np.empty(b - a, dtype=bool)
+    new[0] = True
+    np.not_equal(g[1:], g[:-1], out=new[1:])
+    if not _packed_groups_exact(hashes[a:b], key, new):
+        return None
+    return _groups_from_sorted(text_of, a, (key & _PMASK).view(np.int64), new, want_dups)
+
+
+def _group_sorted(hashes: np.ndarray, text_of: np.ndarray, a: int, b: int,
+                  want_dups: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Exact grouping by a stable sort on (text, hash): any chunk size, any collision of bits."""
+    h, t = hashes[a:b], text_of[a:b]
+    pos = np.lexsort((h, t))  # stable, so each group's first element is its first occurrence
+    hs, ts = h[pos], t[pos]
+    new = np.ones(b - a, dtype=bool)
+    new[1:] = (hs[1:] != hs[:-1]) | (ts[1:] != ts[:-1])
+    return _groups_from_sorted(text_of, a, pos, new, want_dups)
+
+
+def _groups_from_sorted(text_of: np.ndarray, a: int, pos: np.ndarray, new: np.ndarray,
+                        want_dups: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(text, count, first, dups) from chunk positions in group order and group starts."""
     starts = np.flatnonzero(new)
-    count = np.diff(np.append(starts, m))
+    count = np.diff(np.append(starts, len(pos)))
     first = pos[starts] + a
     dups = (pos[~new] + a) if want_dups else None
     return text_of[first], count, first, dups
@@ -253,17 +312,31 @@ class TextBatch:
         arr = arr.cast(pa.large_string())
         self = cls.__new__(cls)
         n = len(arr)
-        if n == 0:
-            self._init("", np.zeros(0, dtype=np.int64))
-        else:
-            offs = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset: arr.offset + n + 1]
-            data = arr.buffers()[2]
-            raw = data.to_pybytes()[int(offs[0]): int(offs[-1])] if data is not None else b""
-            lens = pc.utf8_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-            self._init(raw.decode("utf-8", "replace"), lens)
         self._arrow = arr
         self._texts = None
+        if n == 0:
+            self._init("", np.zeros(0, dtype=np.int64))
+            return self
+        offs = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset: arr.offset + n + 1]
+        data = arr.buffers()[2]
+        raw = data.to_pybytes()[int(offs[0]): int(offs[-1])] if data is not None else b""
+        try:
+            joined = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self._init_invalid(raw, offs - offs[0])
+            return self
+        self._init(joined, pc.utf8_length(arr).to_numpy(zero_copy_only=False).astype(np.int64))
         return self
+
+    def _init_invalid(self, raw: bytes, offs: np.ndarray) -> None:
+        """Invalid UTF-8: each text decoded on its own with U+FFFD replacements (decoding the
+        joined bytes would let one text's bad bytes shift the next text's characters)."""
+        bounds = offs.tolist()
+        texts = [raw[s:e].decode("utf-8", "replace") for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+        lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        self._init("".join(texts), lens)
+        self._texts = texts
+        self._arrow = None  # the URL pre-filter reads the decoded texts instead
 
     def _init(self, joined: str, lens: np.ndarray) -> None:
         self.joined = joined
@@ -370,8 +443,14 @@ def urls_in(text: str) -> tuple[int, int]:
     """
     count = chars = 0
     pos, n = 0, len(text)
+    a, b = text.find("://"), text.find("www.")
     while pos < n:
-        a, b = text.find("://", pos), text.find("www.", pos)
+        # Search again only once pos has passed the last hit: every character is scanned
+        # once per anchor (searching both at every step made '://' * n quadratic).
+        if 0 <= a < pos:
+            a = text.find("://", pos)
+        if 0 <= b < pos:
+            b = text.find("www.", pos)
         q = a if b < 0 or (0 <= a < b) else b
         if q < 0:
             break
@@ -543,8 +622,9 @@ def gopher_ngram_fracs(tb: TextBatch, top_ns: tuple[int, ...] = (2, 3, 4),
     nw = len(start)
     wlen = (end - start).astype(np.int64)
     out: dict[str, np.ndarray] = {"gopher_words": np.bincount(wtext, minlength=n).astype(np.int32)}
-    for k in (*top_ns, *dup_ns):
-        out[f"{'top' if k in top_ns else 'dup'}{k}_gram_char_frac"] = np.zeros(n, dtype=np.float32)
+    for kind, ns in (("top", top_ns), ("dup", dup_ns)):  # an n may be in both
+        for k in ns:
+            out[f"{kind}{k}_gram_char_frac"] = np.zeros(n, dtype=np.float32)
     max_n = max((*top_ns, *dup_ns), default=0)
     if nw < 2 or max_n < 2:
         return out
