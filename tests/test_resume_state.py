@@ -187,13 +187,13 @@ def _alive(pid: int) -> bool:
 def test_embedding_stage_gives_the_same_bytes_for_any_worker_count(tmp_path: Path) -> None:
     from dataguard.stages.consistency import ConsistencyStage
 
-    records = json.loads((REPO / "sample_data" / "alpaca_en_demo.json").read_text(encoding="utf-8"))[:240]
+    records = json.loads((REPO / "sample_data" / "alpaca_en_demo.json").read_text(encoding="utf-8"))[:120]
     src = tmp_path / "alpaca.json"
     src.write_text(json.dumps(records), encoding="utf-8")
     outputs = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        Pipeline([ConsistencyStage(action="flag")], workers=workers, batch_rows=60).run(
+        Pipeline([ConsistencyStage(action="flag")], workers=workers, batch_rows=40).run(
             [InputSpec(path=src, name="alpaca")], out)
         outputs[workers] = _output_bytes(out)
     assert outputs[1] == outputs[2]

@@ -335,6 +335,12 @@ class LengthStage(Stage):
         total.after = IntHistogram.merge([s.after for s in stats if s is not None])
         self.stats = total
 
+    def training_state(self) -> dict[str, Any]:
+        """What a training run needs: the cap as its ``max_length`` and which tokenizer counted it
+        (with the chat-template overhead included), so a runner can warn when its own differs."""
+        return {"cap": self.cap, "tokenizer": self.tokenizer_spec or "qwen2.5", "includes_template": True,
+                "action": self.action}
+
     def describe(self) -> dict[str, Any]:
         st = self.stats
         removed = st.tokens_in - st.tokens_out

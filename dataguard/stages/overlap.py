@@ -712,6 +712,10 @@ class OverlapStage(Stage):
             self._item_texts = texts  # validation texts are not recoverable here
         return self._item_texts[it] if it < len(self._item_texts) else ""
 
+    def training_state(self) -> dict[str, Any]:
+        """The sources this run treats as validation: a runner evaluates on them, never trains."""
+        return {"splits": {"validation": list(self.validation_sources)}}
+
     def describe(self) -> dict[str, Any]:
         s = self._stats or {}
         names = self._set_names
