@@ -200,3 +200,35 @@ def test_report_never_overwrites_a_users_file_in_the_output_folder(tmp_path: Pat
     build_report(out)
     assert "audit.html" in json.loads((out / MARKER).read_text())["files"]
     build_report(out)  # ours now: rebuilding overwrites it
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MiB tmpfs (needs root to mount; skipped where that is not allowed)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_one_clear_error_and_resumes_once_space_is_freed(tmp_path: Path, small_disk: Path) -> None:
+    rows = tmp_path / "big.jsonl"
+    with rows.open("w", encoding="utf-8") as f:
+        for i in range(6000):
+            f.write(json.dumps({"instruction": f"question {i} " + "x" * 200, "output": f"answer {i}"}) + "\n")
+    clean = Pipeline([], workers=1, batch_rows=500).run([rows], tmp_path / "clean")
+
+    out = small_disk / "out"
+    with pytest.raises(PipelineError, match="no space left on device"):
+        Pipeline([], workers=1, batch_rows=500).run([rows], out)
+    assert not list(small_disk.rglob(".*.tmp-*")), "a failed write left a temp file behind"
+    grow = subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], capture_output=True)
+    assert grow.returncode == 0, grow.stderr
+    result = Pipeline([], workers=1, batch_rows=500).run([rows], out)
+    assert result.manifest == clean.manifest
+    assert (out / "data" / "data-00000.arrow").read_bytes() == (tmp_path / "clean" / "data" / "data-00000.arrow").read_bytes()
