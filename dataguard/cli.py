@@ -1,4 +1,5 @@
-"""Command line: `dataguard run`, `dataguard inspect`, `dataguard report`.
+"""Command line: `dataguard run`, `dataguard inspect`, `dataguard report`, `dataguard train`,
+`dataguard convert`.
 
 Exit codes: 0 success, 2 bad config or arguments, 1 a failed run, 130 interrupted.
 
@@ -89,6 +90,20 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="rebuild the HTML audit report from an output folder")
     report.add_argument("output", help="output folder of a run")
     report.add_argument("--html", help="where to write the report (default OUTPUT/audit.html)")
+
+    train = sub.add_parser("train", help="fine-tune a model on a run's shards (the bundled training runner)",
+                           description="Train with a `train:` section of a pipeline YAML, or a YAML of train "
+                                       "settings. --resume continues exactly from the newest complete checkpoint.")
+    train.add_argument("config", help="pipeline YAML with a `train:` section, or a train YAML; with --resume "
+                                      "also a run folder (its saved settings are used)")
+    train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    train.add_argument("--output", help="run folder for checkpoints and metrics (overrides `output:`)")
+    train.add_argument("--max-steps", type=_positive_int, help="optimizer steps (overrides `max_steps:`)")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    convert = sub.add_parser("convert", help="write a plain model folder from a run or checkpoint (LoRA merged)")
+    convert.add_argument("source", help="run folder (its newest complete checkpoint) or a checkpoint folder")
+    convert.add_argument("out", help="new folder for the model (loads with from_pretrained)")
     return parser
 
 
@@ -99,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed as one line
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    command = {"run": _run, "inspect": _inspect, "report": _report}[args.command]
+    command = {"run": _run, "inspect": _inspect, "report": _report, "train": _train,
+               "convert": _convert}[args.command]
     try:
         code = command(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
@@ -107,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         return _fail(str(exc), exc.code)
     except KeyboardInterrupt:
-        return _fail("interrupted; run again to resume" if args.command == "run" else "interrupted",
+        return _fail("interrupted; run again to resume" if args.command == "run"
+                     else "interrupted; continue with --resume" if args.command == "train" else "interrupted",
                      EXIT_INTERRUPTED)
     except MemoryError:
         return _fail(f"{args.command} failed: out of memory (try fewer --workers or a smaller batch_rows)",
@@ -228,6 +245,87 @@ def _build_report(output: Path, html: Path | None) -> Path:
         raise CliError(f"could not build the report: {_os_message(exc)}", EXIT_FAILED) from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise CliError(f"could not build the report from {output}: {exc}", EXIT_FAILED) from None
+
+
+# ------------------------------------------------------------------ train and convert
+def _train(args: argparse.Namespace) -> int:
+    from dataguard.config import ConfigError
+    from dataguard.train.config import load_train_config
+
+    overrides: dict[str, Any] = {}
+    if args.output:
+        overrides["output"] = args.output
+    if args.max_steps:
+        overrides["max_steps"] = args.max_steps
+    source: Any = args.config
+    if Path(args.config).is_dir():  # `dataguard train --resume RUN`: the settings saved with the run
+        source = _run_settings(Path(args.config), args.resume)
+        overrides.setdefault("output", args.config)
+    try:
+        cfg = load_train_config(source, overrides=overrides or None)
+    except ConfigError as exc:
+        raise CliError(f"config error: {exc}") from None
+    _check_output(Path(cfg.output))
+    from dataguard.train.loop import Trainer
+
+    trainer = Trainer(cfg, progress=not args.quiet and sys.stderr.isatty(), echo=print)
+    import warnings
+
+    def one_line(message: Any, category: Any, *_: Any, **__: Any) -> None:
+        if issubclass(category, UserWarning) and not issubclass(category, FutureWarning | DeprecationWarning):
+            print(f"dataguard: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            result = trainer.fit(resume=args.resume)
+    except _train_errors() as exc:
+        raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
+    last = f"  loss {result.final_loss:.4f}" if result.final_loss is not None else ""
+    print(f"steps {result.steps}/{result.total_steps}{last}  skipped {result.skipped_steps}"
+          f"{'  (early stop)' if result.stopped_early else ''}")
+    if result.last_eval:
+        print("eval:       " + "  ".join(f"{k} {v:.4f}" for k, v in result.last_eval.items()))
+    print(f"checkpoint: {result.checkpoint}")
+    print(f"metrics:    {Path(cfg.output) / 'metrics.jsonl'}")
+    return 0
+
+
+def _run_settings(run: Path, resume: bool) -> dict[str, Any]:
+    from dataguard.train.checkpoint import latest_checkpoint
+
+    if not resume:
+        raise CliError(f"{run} is a folder: pass a config file, or --resume to continue that run")
+    latest = latest_checkpoint(run)
+    if latest is None:
+        raise CliError(f"{run}: no complete checkpoint to resume from")
+    try:
+        settings = json.loads((latest / "state.json").read_text())["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CliError(f"{latest}: unreadable state.json ({exc})", EXIT_FAILED) from None
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def _train_errors() -> tuple[type[Exception], ...]:
+    from dataguard.train.checkpoint import CheckpointError
+    from dataguard.train.convert import ConvertError
+    from dataguard.train.data import TrainDataError
+    from dataguard.train.loop import TrainError
+    from dataguard.train.model import ModelError
+    from dataguard.train.sampler import SamplerError
+
+    return (TrainError, TrainDataError, ModelError, CheckpointError, ConvertError, SamplerError)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from dataguard.train.convert import convert_checkpoint
+
+    try:
+        out = convert_checkpoint(args.source, args.out)
+    except _train_errors() as exc:
+        raise CliError(f"convert failed: {exc}", EXIT_FAILED) from None
+    print(f"model: {out}")
+    return 0
 
 
 # ------------------------------------------------------------------ report and inspect

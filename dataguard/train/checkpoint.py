@@ -1,0 +1,262 @@
+"""Atomic, complete, rotated checkpoints that resume a run exactly.
+
+A checkpoint is a folder ``run_dir/checkpoints/step-000123/``: the weights as a Hugging Face
+folder (``save_pretrained``: safetensors; only the adapter for LoRA) plus the tokenizer, and
+next to them everything else a resumed run needs: optimizer / scheduler / scaler state and
+every RNG state (``trainer_state.pt``, tensors and plain values only, read back with
+``weights_only=True``), the data position, loss history and config (``state.json``) and the
+label map. It is written under ``step-000123.tmp-<pid>`` and renamed into place after the
+``COMPLETE`` marker (written last, fsynced): a folder without the marker is never read.
+
+Rotation keeps the last ``keep`` complete checkpoints and never deletes the newest complete
+one nor the best one (a run killed during a save still has its last good checkpoint).
+A checkpoint with a non-finite weight or optimizer value is refused, not written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+COMPLETE = "COMPLETE"
+_NAME = re.compile(r"^step-(\d{6,})$")
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read (the message names the file or key)."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What `load_checkpoint` restored or read back for the caller."""
+
+    path: Path
+    step: int
+    sampler_state: dict[str, Any] | None
+    rng: dict[str, Any]
+    history: list[dict[str, Any]]
+    label_map: dict[str, Any] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ RNG
+def capture_rng() -> dict[str, Any]:
+    """Python, numpy, torch CPU (and CUDA when present) generator states, weights_only-safe."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Put back what `capture_rng` took."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------- saving
+def _nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+    for name, value in named:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            return name
+    return None
+
+
+def _optimizer_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for pid, slots in state.get("state", {}).items():
+        for key, value in slots.items():
+            yield f"optimizer.state[{pid}].{key}", value
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any = None,
+                    scaler: Any = None, sampler_state: Mapping[str, Any] | None = None,
+                    rng: Mapping[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
+                    label_map: Mapping[str, Any] | None = None, cfg: Mapping[str, Any] | None = None, *,
+                    tokenizer: Any = None, extra: Mapping[str, Any] | None = None, keep: int | None = None,
+                    protect: Iterable[str] = ()) -> Path:
+    """Write ``step-<step>/`` atomically; rotate to ``keep`` (never the newest nor ``protect``)."""
+    bad = _nonfinite(model.state_dict().items())
+    opt_state = optimizer.state_dict()
+    bad = bad or _nonfinite(_optimizer_tensors(opt_state))
+    if bad:
+        raise CheckpointError(f"refusing to write checkpoint step {step}: {bad} is not finite")
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f"step-{step:06d}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    from dataguard.train.model import quiet_transformers
+
+    with quiet_transformers():
+        model.save_pretrained(str(tmp))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+    torch.save(opt_state, tmp / "optimizer.pt")
+    torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": dict(rng) if rng is not None else capture_rng()}, tmp / "trainer_state.pt")
+    state = {"step": int(step), "sampler": dict(sampler_state) if sampler_state is not None else None,
+             "history": list(history or []), "config": dict(cfg or {}), "extra": dict(extra or {}),
+             "lora": bool(hasattr(model, "peft_config"))}
+    _fsync_write(tmp / "state.json", json.dumps(state, indent=1, default=str).encode())
+    if label_map is not None:
+        _fsync_write(tmp / "label_map.json", json.dumps(dict(label_map), indent=1).encode())
+    _fsync_write(tmp / COMPLETE, b"ok\n")
+    if final.exists():  # the same step saved again (e.g. a resumed run): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep is not None:
+        rotate(run_dir, keep, protect=protect)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _NAME.match(child.name)
+        if m and child.is_dir() and (child / COMPLETE).is_file():
+            found.append((int(m.group(1)), child))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
+
+
+def rotate(run_dir: str | Path, keep: int, *, protect: Iterable[str] = ()) -> list[Path]:
+    """Delete complete checkpoints beyond the last ``keep`` (except the newest and ``protect``),
+    and leftovers of interrupted saves; returns what was deleted."""
+    keep = max(int(keep), 1)
+    done = complete_checkpoints(run_dir)
+    keep_names = {p.name for p in done[-keep:]} | {Path(p).name for p in protect if p}
+    if done:
+        keep_names.add(done[-1].name)
+    removed = [p for p in done if p.name not in keep_names]
+    root = checkpoint_dir(run_dir)
+    for child in root.iterdir() if root.is_dir() else ():
+        if ".tmp-" in child.name and child.is_dir() and child.name.rsplit("-", 1)[-1] != str(os.getpid()):
+            removed.append(child)
+        elif _NAME.match(child.name) and child.is_dir() and not (child / COMPLETE).is_file():
+            removed.append(child)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+# --------------------------------------------------------------------------------- loading
+def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor in the folder's safetensors files (model or adapter, sharded or not)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no safetensors weights")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def load_weights(model: Any, folder: str | Path) -> None:
+    """Load a checkpoint's weights into ``model`` in place (adapter for a peft model)."""
+    folder = Path(folder)
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        path = folder / "adapter_model.safetensors"
+        if not path.is_file():
+            raise CheckpointError(f"{folder}: no adapter_model.safetensors (the run uses LoRA)")
+        from safetensors.torch import load_file
+
+        result = set_peft_model_state_dict(model, load_file(str(path)))
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise CheckpointError(f"{path}: keys not in the model: {', '.join(unexpected[:10])}")
+        return
+    from dataguard.train.convert import load_state_into
+
+    load_state_into(model, read_weights(folder), source=str(folder))
+
+
+def load_checkpoint(path: str | Path, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+                    scaler: Any = None) -> LoadedCheckpoint:
+    """Restore weights/optimizer/scheduler/scaler in place (those given); RNG is returned, not
+    applied: call `restore_rng` once everything else is built."""
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE} marker)")
+    try:
+        state = json.loads((path / "state.json").read_text())
+        trainer = torch.load(path / "trainer_state.pt", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint state ({exc})") from None
+    if model is not None:
+        load_weights(model, path)
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if scheduler is not None and trainer.get("scheduler") is not None:
+        scheduler.load_state_dict(trainer["scheduler"])
+    if scaler is not None and trainer.get("scaler"):
+        scaler.load_state_dict(trainer["scaler"])
+    label_map = None
+    if (path / "label_map.json").is_file():
+        label_map = json.loads((path / "label_map.json").read_text())
+    return LoadedCheckpoint(path=path, step=int(state["step"]), sampler_state=state.get("sampler"),
+                            rng=trainer["rng"], history=state.get("history", []), label_map=label_map,
+                            extra=state.get("extra", {}))
