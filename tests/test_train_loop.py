@@ -253,3 +253,17 @@ def test_cli_train_resume_and_convert(sft_run, tmp_path, capsys):
     assert not any("lora" in n for n, _ in merged.named_parameters())
     assert main(["convert", str(tmp_path / "nothing"), str(tmp_path / "m2")]) == 1
     assert "neither a checkpoint nor a run folder" in capsys.readouterr().err
+
+
+def test_training_never_writes_into_a_users_folder(tmp_path: Path) -> None:
+    data = tmp_path / "shards"
+    Pipeline([], workers=1).run([InputSpec(path=REPO / "sample_data" / "alpaca_en_demo.json")], data)
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "run.json").write_text("my own run.json")
+    cfg = load_train_config({"task": "sft", "model": "tiny-causal-lm", "data": str(data), "output": str(user),
+                             "max_steps": 1, "batch_size": 2, "max_length": 128, "tensorboard": False})
+    with pytest.raises(TrainError, match="not empty"):
+        Trainer(cfg).fit()
+    assert (user / "run.json").read_text() == "my own run.json"
+    assert sorted(p.name for p in user.iterdir()) == ["run.json"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 import warnings
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataguard.io.output import OutputFolder, OutputFolderError
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import (
@@ -183,7 +185,25 @@ class Trainer:
 
     # -------------------------------------------------------------------------- fit
     def fit(self, resume: bool = False, *, stop_after: int | None = None) -> TrainResult:
-        """Train to ``total_steps`` (or ``stop_after`` steps, as if interrupted there)."""
+        """Train to ``total_steps`` (or ``stop_after`` steps, as if interrupted there).
+
+        The run folder is claimed like a pipeline's output (``dataguard.io.output``): new,
+        empty or already marked as dataguard's, and locked for the run, so a training run
+        never writes into a user's folder and two runs never share one.
+        """
+        if int(os.environ.get("RANK", "0")) != 0:  # other ranks under `accelerate launch`
+            return self._fit(resume, stop_after)
+        folder = OutputFolder(self.run_dir)
+        try:
+            folder.claim()
+        except OutputFolderError as exc:
+            raise TrainError(str(exc)) from None
+        try:
+            return self._fit(resume, stop_after)
+        finally:
+            folder.release()
+
+    def _fit(self, resume: bool, stop_after: int | None) -> TrainResult:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed % 2 ** 32)
