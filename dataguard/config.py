@@ -159,6 +159,9 @@ class _Located:
         return ConfigError(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
+Located = _Located  # the public name: other config loaders (train) use it for their errors
+
+
 def _path_text(path: tuple[Any, ...]) -> str:
     text = ""
     for part in path:
@@ -178,12 +181,22 @@ def load_config(source: str | Path | dict[str, Any], *,
     if isinstance(source, dict):
         return _validate(source, _Located("<config>", None), Path.cwd(), None, replace_inputs)
     path = Path(source)
+    data, loc = load_yaml_document(path)
+    return _validate(data, loc, path.parent, path, replace_inputs)
+
+
+def load_yaml_document(path: Path) -> tuple[Any, Located]:
+    """Read, bound and parse one YAML config file into plain data plus its line locator.
+
+    Shared by the pipeline and the train config so both refuse the same bad files (invalid
+    UTF-8, deep nesting, alias bombs, non-JSON values) with the same one-line errors.
+    """
     node, data = _parse(_read_text(path), str(path))
     if data is None:
         raise ConfigError(f"{path}: the config is empty")
     loc = _Located(str(path), node)
     _check_plain(data, (), loc)
-    return _validate(data, loc, path.parent, path, replace_inputs)
+    return data, loc
 
 
 # ------------------------------------------------------------------ reading and parsing

@@ -197,10 +197,10 @@ def group_counts(hashes: np.ndarray, text_of: np.ndarray) -> tuple[np.ndarray, n
     return np.concatenate(texts), np.concatenate(counts)
 
 
-def _count_packed(hashes: np.ndarray, text_of: np.ndarray, a: int,
-                  b: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(text, count) of the groups of elements a..b-1 from one packed sort (see
-    ``_group_packed``); None when the kept hash bits are ambiguous."""
+def _sorted_packed(hashes: np.ndarray, text_of: np.ndarray, a: int,
+                   b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(sorted packed keys, their group bits, group-start mask) of elements a..b-1; None when
+    the kept hash bits are ambiguous (the caller then sorts on the full hash)."""
     key = _packed_keys(hashes, text_of, a, b)
     g = key >> _PSHIFT
     new = np.empty(b - a, dtype=bool)
@@ -208,6 +208,17 @@ def _count_packed(hashes: np.ndarray, text_of: np.ndarray, a: int,
     np.not_equal(g[1:], g[:-1], out=new[1:])
     if not _packed_groups_exact(hashes[a:b], key, new):
         return None
+    return key, g, new
+
+
+def _count_packed(hashes: np.ndarray, text_of: np.ndarray, a: int,
+                  b: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(text, count) of the groups of elements a..b-1 from one packed sort (see
+    ``_group_packed``); None when the kept hash bits are ambiguous."""
+    sorted_ = _sorted_packed(hashes, text_of, a, b)
+    if sorted_ is None:
+        return None
+    key, g, new = sorted_
     starts = np.flatnonzero(new)
     texts = (g[starts] >> (_TSHIFT - _PSHIFT)).view(np.int64) + int(text_of[a])
     return texts, np.diff(starts, append=b - a)
@@ -264,13 +275,10 @@ def _group_packed(hashes: np.ndarray, text_of: np.ndarray, a: int, b: int,
                   want_dups: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
     """One in-cache sort of packed keys [text | top hash bits | position]; None when the kept
     bits are ambiguous (then the caller sorts on the full hash)."""
-    key = _packed_keys(hashes, text_of, a, b)
-    g = key >> _PSHIFT
-    new = np.empty(b - a, dtype=bool)
-    new[0] = True
-    np.not_equal(g[1:], g[:-1], out=new[1:])
-    if not _packed_groups_exact(hashes[a:b], key, new):
+    sorted_ = _sorted_packed(hashes, text_of, a, b)
+    if sorted_ is None:
         return None
+    key, _, new = sorted_
     return _groups_from_sorted(text_of, a, (key & _PMASK).view(np.int64), new, want_dups)
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from dataguard.config import ConfigError, _check_plain, _Located, _parse, _read_text
+from dataguard.config import ConfigError, _Located, load_yaml_document
 
 MODULE_TYPES = ("embeddings", "attention", "mlp", "norm", "other", "head")
 BUILTIN_MODELS = ("tiny-causal-lm", "tiny-classifier", "minilm")
@@ -292,11 +292,7 @@ def load_train_config(source: str | Path | dict[str, Any], *,
         loc = _Located("<config>", None)
     else:
         path = Path(source)
-        node, data = _parse(_read_text(path), str(path))
-        if data is None:
-            raise ConfigError(f"{path}: the config is empty")
-        loc = _Located(str(path), node)
-        _check_plain(data, (), loc)
+        data, loc = load_yaml_document(path)
     if not isinstance(data, dict):
         raise loc.error((), "the train config must be a mapping of keys")
     prefix: Path_ = ()

@@ -30,7 +30,6 @@ uniform) and whose rows attend to each other (no per-row attention reset).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections import Counter
@@ -43,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from dataguard.io.readers import file_sha256
 from dataguard.io.writer import read_table
 
 IGNORE_INDEX = -100
@@ -55,14 +55,6 @@ class TrainDataError(ValueError):
 
 
 # ------------------------------------------------------------------ reading a run
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @dataclass
 class RunShards:
     """A pipeline's output folder, loaded: its manifest and the kept rows as one table."""
@@ -109,7 +101,7 @@ class RunShards:
             shard = folder / str(entry.get("path", ""))
             if not shard.is_file():
                 raise TrainDataError(f"{shard}: data shard listed in the manifest is missing")
-            if entry.get("sha256") and _sha256(shard) != entry["sha256"]:
+            if entry.get("sha256") and file_sha256(shard) != entry["sha256"]:
                 raise TrainDataError(f"{shard}: sha256 does not match the manifest (file changed or corrupt)")
             try:
                 tables.append(read_table(shard))
