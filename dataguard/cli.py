@@ -12,6 +12,7 @@ set DATAGUARD_TRACEBACK=1 to see the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -103,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     convert = sub.add_parser("convert", help="write a plain model folder from a run or checkpoint (LoRA merged)")
     convert.add_argument("source", help="run folder (its newest complete checkpoint) or a checkpoint folder")
     convert.add_argument("out", help="new folder for the model (loads with from_pretrained)")
+
+    train_report = sub.add_parser("train-report", help="rebuild the HTML training report from a run folder")
+    train_report.add_argument("run", help="run folder of `dataguard train`")
+    train_report.add_argument("--html", help="where to write the report (default RUN/training.html)")
     return parser
 
 
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed as one line
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     command = {"run": _run, "inspect": _inspect, "report": _report, "train": _train,
-               "convert": _convert}[args.command]
+               "convert": _convert, "train-report": _train_report}[args.command]
     try:
         code = command(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
@@ -279,6 +284,9 @@ def _train(args: argparse.Namespace) -> int:
             warnings.showwarning = one_line
             result = trainer.fit(resume=args.resume)
     except _train_errors() as exc:
+        if (Path(cfg.output) / "metrics.jsonl").is_file():  # a stopped run's page says why
+            with contextlib.suppress(CliError):
+                print(f"report:     {_build_training_report(Path(cfg.output))}", file=sys.stderr)
         raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
     last = f"  loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     print(f"steps {result.steps}/{result.total_steps}{last}  skipped {result.skipped_steps}"
@@ -287,6 +295,21 @@ def _train(args: argparse.Namespace) -> int:
         print("eval:       " + "  ".join(f"{k} {v:.4f}" for k, v in result.last_eval.items()))
     print(f"checkpoint: {result.checkpoint}")
     print(f"metrics:    {Path(cfg.output) / 'metrics.jsonl'}")
+    print(f"report:     {_build_training_report(Path(cfg.output))}")
+    return 0
+
+
+def _build_training_report(run: Path, html: Path | None = None) -> Path:
+    from dataguard.train.report import ReportInputError, build_training_report
+
+    try:
+        return build_training_report(run, html)
+    except (ReportInputError, OSError, ValueError) as exc:  # OutputFolderError is a ValueError
+        raise CliError(f"could not build the training report: {exc}", EXIT_FAILED) from None
+
+
+def _train_report(args: argparse.Namespace) -> int:
+    print(f"report: {_build_training_report(Path(args.run), Path(args.html) if args.html else None)}")
     return 0
 
 
