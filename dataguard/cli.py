@@ -286,7 +286,7 @@ def _train(args: argparse.Namespace) -> int:
     except _train_errors() as exc:
         if (Path(cfg.output) / "metrics.jsonl").is_file():  # a stopped run's page says why
             with contextlib.suppress(CliError):
-                print(f"report:     {_build_training_report(Path(cfg.output))}", file=sys.stderr)
+                print(f"report:     {_build_training_report(Path(cfg.output))}")  # stderr stays one line
         raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
     last = f"  loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     print(f"steps {result.steps}/{result.total_steps}{last}  skipped {result.skipped_steps}"

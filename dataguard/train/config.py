@@ -24,6 +24,13 @@ LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0,
                                  "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 
 
+GUARD_DEFAULTS: dict[str, Any] = {
+    "snapshot_every": 100, "anomaly_window": 100, "max_anomalies": 3, "max_rollbacks": 3, "zscore": 6.0,
+    "zscore_window": 100, "weight_bound": 1e6, "lr_backoff": 0.5, "recovery_clip": 0.5, "recovery_steps": 1000,
+    "moment_reset_steps": 500}
+FAULT_KINDS = ("nan_loss", "inf_loss", "nan_grad", "lr_spike", "garbage_batch")
+
+
 def _default_lr_multipliers() -> dict[str, float]:
     return {"embeddings": 0.1, "attention": 1.0, "mlp": 1.5, "other": 1.0, "head": 1.0}
 
@@ -74,6 +81,10 @@ class TrainConfig:
     log_every: int = 10
     tensorboard: bool = True
     grad_variance_scaling: bool = False
+    monitor_every: int = 10
+    histogram_every: int = 1000
+    guard: dict[str, Any] | None = field(default_factory=lambda: copy.deepcopy(GUARD_DEFAULTS))
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy, recorded in the run folder."""
@@ -221,6 +232,52 @@ def _boundaries(v: Any, p: Path_, loc: _Located) -> Any:
     return [float(b) for b in v]
 
 
+def _guard(v: Any, p: Path_, loc: _Located) -> Any:
+    if v is None or v is False:
+        return None
+    out = copy.deepcopy(GUARD_DEFAULTS)
+    if v is True:
+        return out
+    for key, item in _mapping(v, p, loc).items():
+        here = p + (key,)
+        if key not in GUARD_DEFAULTS:
+            raise loc.error(here, f"unknown key (expected one of: {', '.join(GUARD_DEFAULTS)})")
+        if key in ("snapshot_every", "anomaly_window", "max_anomalies", "zscore_window"):
+            out[key] = _int(1)(item, here, loc)
+        elif key in ("max_rollbacks", "recovery_steps", "moment_reset_steps"):
+            out[key] = _int(0)(item, here, loc)
+        elif key == "lr_backoff":
+            out[key] = _num(0.0, 1.0, lo_open=True)(item, here, loc)
+        else:
+            out[key] = _num(0.0, lo_open=True)(item, here, loc)
+    return out
+
+
+def _faults(v: Any, p: Path_, loc: _Located) -> Any:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise loc.error(p, f"must be a list of {{step, kind}} mappings, got {v!r}")
+    out = []
+    for i, item in enumerate(v):
+        here = p + (i,)
+        item = _mapping(item, here, loc)
+        for key in item:
+            if key not in ("step", "kind", "layer", "factor"):
+                raise loc.error(here + (key,), "unknown key (expected one of: step, kind, layer, factor)")
+        if "step" not in item or "kind" not in item:
+            raise loc.error(here, "a fault needs step and kind")
+        fault = {"step": _int(1)(item["step"], here + ("step",), loc),
+                 "kind": _choice(*FAULT_KINDS)(item["kind"], here + ("kind",), loc),
+                 "layer": None, "factor": None}
+        if item.get("layer") is not None:
+            fault["layer"] = _text(item["layer"], here + ("layer",), loc)
+        if item.get("factor") is not None:
+            fault["factor"] = _num(0.0, lo_open=True)(item["factor"], here + ("factor",), loc)
+        out.append(fault)
+    return out
+
+
 CHECKS: dict[str, Check] = {
     "task": _choice("sft", "classify"),
     "model": _model,
@@ -260,6 +317,10 @@ CHECKS: dict[str, Check] = {
     "log_every": _int(1),
     "tensorboard": _bool,
     "grad_variance_scaling": _bool,
+    "monitor_every": _int(1),
+    "histogram_every": _int(1),
+    "guard": _guard,
+    "faults": _faults,
 }
 REQUIRED = ("task", "model", "data")
 assert set(CHECKS) == {f.name for f in fields(TrainConfig)}

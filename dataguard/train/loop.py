@@ -11,10 +11,20 @@ applied step: the schedule counts optimizer steps). Metrics go to ``metrics.json
 TensorBoard) every step; evaluation every ``eval_every`` steps keeps the best checkpoint and
 drives early stopping; checkpoints every ``save_every`` steps and at the end.
 
+Monitor, guard and faults (``monitor.py``, ``guard.py``, ``faults.py``): on every
+``monitor_every``-th step per-layer gradient norms, update ratios, grad/param std ratios and
+the counts of huge gradients / weights join the metrics record (``histograms.jsonl`` every
+``histogram_every`` steps); the guard skips a step with a non-finite loss or gradient or a
+robust-z spike, rolls back to its last in-memory snapshot after ``max_anomalies`` anomalies
+within ``anomaly_window`` steps (lr backed off, clipping tightened, Adam moments reset) and
+after ``max_rollbacks`` rollbacks raises `TrainDiverged` with ``diagnosis.json``. Every event
+(fault, anomaly, skip, rollback, recovered, checkpoint, stop) goes to ``events.jsonl``.
+
 Exact resume: everything that decides the next step is in the checkpoint (weights,
 optimizer, scheduler, scaler, RNG states, the sampler's position, the gradient-variance EMA,
-the eval/early-stopping state), and RNG is restored last, after every object is built, so a
-resumed run computes bit-for-bit what the uninterrupted one would have (fp32, CPU).
+the eval/early-stopping state, the guard's state and fired faults), and RNG is restored
+last, after every object is built, so a resumed run computes bit-for-bit what the
+uninterrupted one would have (fp32, CPU).
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ from dataguard.train.data import (
     run_split,
     tokenizer_mismatch,
 )
+from dataguard.train.faults import FaultPlan, garbage_batch, poison_grads, poison_loss
+from dataguard.train.guard import EventLog, Guard, JsonlLog, Verdict, write_diagnosis
 from dataguard.train.losses import causal_lm_loss, logit_adjusted_cross_entropy, posthoc_adjust
 from dataguard.train.model import (
     apply_lora,
@@ -59,6 +71,7 @@ from dataguard.train.model import (
     kind_params,
     load_model,
 )
+from dataguard.train.monitor import Monitor
 from dataguard.train.optim import (
     GradVarianceScaler,
     build_optimizer,
@@ -80,6 +93,18 @@ class TrainError(RuntimeError):
     """A run that cannot start or continue (message says what to change)."""
 
 
+class TrainDiverged(TrainError):
+    """The guard stopped a diverging run (one line naming the step, cause and diagnosis file)."""
+
+
+@dataclass
+class _ClipSettings:
+    """The clipping settings of one step (the guard tightens ``max_grad_norm`` while recovering)."""
+
+    clip_rules: Any
+    max_grad_norm: float
+
+
 @dataclass
 class TrainResult:
     """What a finished (or stopped) run did."""
@@ -95,6 +120,8 @@ class TrainResult:
     last_eval: dict[str, float] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: Path | None = None
+    rollbacks: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Trainer:
@@ -268,6 +295,14 @@ class Trainer:
             offsets, class_weights = self._class_tensors(run, label_map, enc, device)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         gvs = GradVarianceScaler() if cfg.grad_variance_scaling else None
+        monitor = Monitor(raw_model)
+        guard = Guard(cfg.guard, cfg.max_grad_norm) if cfg.guard else None
+        plan = FaultPlan(cfg.faults)
+        for f in plan.faults:
+            if f.kind == "nan_grad" and f.layer is not None and f.layer not in monitor.layers:
+                raise TrainError(f"fault at step {f.step}: no layer {f.layer!r} (layers: {', '.join(monitor.names)})")
+        lr_spike = 1.0
+        vocab_size = int(getattr(raw_model.config, "vocab_size", 0) or 0) or 256
 
         step, history, skipped = 0, [], 0
         best: dict[str, Any] = {"metric": None, "checkpoint": None, "bad_evals": 0}
@@ -281,11 +316,20 @@ class Trainer:
             best.update(loaded.extra.get("best", {}))
             if gvs is not None and loaded.extra.get("grad_variance"):
                 gvs.load_state_dict(loaded.extra["grad_variance"])
+            if guard is not None and loaded.extra.get("guard"):
+                guard.load_state_dict(loaded.extra["guard"])
+            plan.load_state_dict(loaded.extra.get("faults") or {})
+            lr_spike = float((loaded.extra.get("faults") or {}).get("lr_spike", 1.0))
             self.echo(f"resumed from {latest} at step {step}")
         if main:
             self._write_summary(groups, lora_record, split_source, enc, val, total, warmup, max_length, label_map)
         metrics = _Metrics(self.run_dir, cfg.tensorboard and main, resume_step=step, warn=self._warn,
                            enabled=main)
+        resumed_at = step if resume and latest is not None else None
+        events = EventLog(self.run_dir if main else None, resume_step=resumed_at)
+        hists = JsonlLog(self.run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
+        if guard is not None:
+            guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
         if main and label_map is not None and not (self.run_dir / "label_map.json").exists():
             label_map.save(self.run_dir / "label_map.json")
         if rng_state is not None:
@@ -300,51 +344,121 @@ class Trainer:
         while step < total:
             if stop_after is not None and step >= stop_after:
                 break
-            loss_sum, tokens = 0.0, 0
+            now_step = step + 1
+            due = plan.due(now_step) if plan else []
+            for f in due:
+                events.add(now_step, "fault", f.kind, f.describe(), layer=f.layer)
+                if f.kind == "lr_spike":
+                    lr_spike *= float(f.factor or 100.0)
+            loss_sum, tokens, rows = 0.0, 0, []
+            verdict, stats, ratios, hist = Verdict(), None, None, None
+            monitor_step = now_step % cfg.monitor_every == 0
             for _ in range(cfg.grad_accum):
                 idx, mult = sampler.next_batch()
                 if world > 1:  # every process draws the same batch and trains on its own slice
                     idx, mult = idx[rank::world], mult[rank::world]
+                rows.extend(_row_ids(enc, idx))
                 batch = {k: v.to(device) for k, v in enc.collate(idx, pad_id, mult).items()}
+                if any(f.kind == "garbage_batch" for f in due):
+                    batch = garbage_batch(batch, vocab_size, now_step)
                 tokens += int(batch["attention_mask"].sum())
                 with accelerator.accumulate(model):
                     loss = self._loss(model, batch, offsets, class_weights)
+                    if due:
+                        loss = poison_loss(loss, due)
                     accelerator.backward(loss)
                     loss_sum += float(loss.detach())
                     if accelerator.sync_gradients:
                         if scaler is not None:
                             accelerator.unscale_gradients(optimizer)
-                        clip = clip_gradients(raw_model, cfg, kinds)
-                        if not clip.finite and scaler is None:
-                            applied = False  # never let a non-finite gradient reach the weights
+                        for f in due:
+                            if f.kind == "nan_grad":
+                                poison_grads(monitor.layers, f.layer)
+                        if monitor_step:
+                            stats = monitor.stats()
+                        if now_step % cfg.histogram_every == 0:
+                            hist = monitor.histograms()
+                        clip_cfg = cfg if guard is None else _ClipSettings(cfg.clip_rules, guard.clip_norm(now_step))
+                        clip = clip_gradients(raw_model, clip_cfg, kinds)
+                        mean_loss = loss_sum / cfg.grad_accum
+                        bad_layers: list[str] = []
+                        if not clip.finite or not math.isfinite(mean_loss):
+                            bad_layers = monitor.nonfinite_layers()
+                        if guard is not None and (scaler is None or clip.finite):  # fp16 overflow: the scaler's
+                            seen = mean_loss
+                            if world > 1:  # every process must take the same decision: judge the mean loss
+                                seen = float(accelerator.reduce(torch.tensor(mean_loss, device=device), "mean"))
+                            verdict = guard.check(now_step, seen, clip.total_norm, clip.finite, bad_layers)
+                        first = optimizer.param_groups[0]
+                        if (not clip.finite and scaler is None) or verdict.skip:
+                            applied = False  # never let a non-finite gradient (or a spike) reach the weights
+                            if scaler is not None and clip.finite:
+                                scaler.update()  # unscale_ was called: close this step for the scaler
+                            lr = first["lr"] / (first.get("lr_mult") or 1.0)
+                            lr_groups = _lr_groups(optimizer)
                         else:
                             scheduled = [g["lr"] for g in optimizer.param_groups]
+                            factor = 1.0
                             if gvs is not None and clip.finite:
                                 factor = gvs.update(clip.total_norm)
+                            factor = factor * (guard.lr_scale if guard is not None else 1.0) * lr_spike
+                            if factor != 1.0:
                                 for g in optimizer.param_groups:
                                     g["lr"] *= factor
+                            if monitor_step:
+                                monitor.begin_update()
                             optimizer.step()  # with a scaler, a non-finite step is skipped inside
                             applied = clip.finite and not accelerator.optimizer_step_was_skipped
-                        first = optimizer.param_groups[0]
-                        lr = first["lr"] / (first.get("lr_mult") or 1.0)  # the base lr (x1.0) used
-                        if gvs is not None and clip.finite:  # the damping is for this step only
-                            for g, value in zip(optimizer.param_groups, scheduled, strict=True):
-                                g["lr"] = value
+                            if monitor_step:
+                                ratios = monitor.update_ratios()
+                            lr = first["lr"] / (first.get("lr_mult") or 1.0)  # the base lr (x1.0) used
+                            lr_groups = _lr_groups(optimizer)
+                            if factor != 1.0:  # the damping / back-off is for this step only
+                                for g, value in zip(optimizer.param_groups, scheduled, strict=True):
+                                    g["lr"] = value
                         if applied:
                             scheduler.step()
+                            if guard is not None:
+                                guard.accept(mean_loss, clip.total_norm)
                         else:
                             skipped += 1
                         optimizer.zero_grad(set_to_none=True)
             step += 1
+            if guard is not None and applied and (monitor_step or step % cfg.save_every == 0 or step == total):
+                weights = guard.check_weights(step, monitor.max_abs_weight())
+                if weights.anomalies:
+                    verdict = Verdict(anomalies=verdict.anomalies + weights.anomalies, skip=False,
+                                      rollback=weights.rollback, stop=weights.stop)
             now = time.perf_counter()
             record = {"step": step, "loss": loss_sum / cfg.grad_accum, "lr": lr, "grad_norm": clip.total_norm,
                       "clipped": clip.clipped, "skipped": not applied, "tokens": tokens,
-                      "tokens_per_s": tokens / max(now - t_last, 1e-9), "phase": sampler.phase + 1}
+                      "tokens_per_s": tokens / max(now - t_last, 1e-9), "phase": sampler.phase + 1,
+                      "amp_scale": float(scaler.get_scale()) if scaler is not None else None, "lr_groups": lr_groups}
             t_last = now
             if scaler is not None:
                 record["loss_scale"] = float(scaler.get_scale())
+            if stats is not None:
+                record.update(stats)
+                record["update_ratios"] = ratios or {}
             history.append({k: record[k] for k in ("step", "loss", "lr", "grad_norm", "skipped")})
             metrics.write(record)
+            if hist is not None:
+                hists.write({"step": step, "layers": hist})
+            stop = self._respond(step, verdict, applied, record, rows, bad_layers, guard, events, raw_model,
+                                 optimizer, scheduler, scaler)
+            if stop is not None:
+                if bar is not None:
+                    bar.close()
+                metrics.close()
+                raise TrainDiverged(stop)
+            if verdict.rollback:
+                lr_spike = 1.0  # the spike lived in the optimizer state that was rolled back
+            if guard is not None and guard.rollbacks and step == guard.recover_until:
+                events.add(step, "recovered", "recovery_end", f"clip back to {cfg.max_grad_norm:g} after "
+                           f"{guard.k['recovery_steps']} steps; lr scale stays x{guard.lr_scale:g}", lr=lr)
+            if guard is not None and applied and not verdict.anomalies and not verdict.rollback \
+                    and step % int(guard.k["snapshot_every"]) == 0:
+                guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", gnorm=f"{clip.total_norm:.3g}",
@@ -366,8 +480,13 @@ class Trainer:
                 path = self.run_dir
                 if main:
                     path = self._save(step, raw_model, tokenizer, optimizer, scheduler, scaler, sampler, history,
-                                      label_map, skipped, best, gvs)
+                                      label_map, skipped, best, gvs,
+                                      {"guard": guard.state_dict() if guard is not None else None,
+                                       "faults": {**plan.state_dict(), "lr_spike": lr_spike}})
+                    events.add(step, "checkpoint", "save", str(path), lr=lr)
                 accelerator.wait_for_everyone()
+                if guard is not None:  # a resumed run's snapshot is this checkpoint: keep the same one here
+                    guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
                 saved_at = step
                 if is_best and main:
                     (self.run_dir / "best.json").write_text(json.dumps(
@@ -385,8 +504,53 @@ class Trainer:
                              final_loss=history[-1]["loss"] if history else None, skipped_steps=skipped,
                              best_metric=best["metric"], best_checkpoint=best["checkpoint"],
                              stopped_early=stopped_early, last_eval=last_eval, history=history,
-                             checkpoint=final if saved_at >= 0 else None)
+                             checkpoint=final if saved_at >= 0 else None,
+                             rollbacks=guard.rollbacks if guard is not None else 0, events=list(events.events))
         return result
+
+    def _respond(self, step: int, verdict: Verdict, applied: bool, record: dict[str, Any], rows: list[str],
+                 bad_layers: list[str], guard: Guard | None, events: EventLog, model: Any, optimizer: Any,
+                 scheduler: Any, scaler: Any) -> str | None:
+        """Log the step's anomalies and apply the guard's verdict; returns the stop message, if any."""
+        lr = record["lr"]
+        for a in verdict.anomalies:
+            events.add(step, "anomaly", a["cause"], a["detail"], layer=a["layer"], rows=rows, lr=lr)
+            if guard is not None:
+                if guard.first_layer is None and a["layer"]:
+                    guard.first_layer = a["layer"]
+                guard.bad_rows.extend(r for r in rows if r not in guard.bad_rows)
+                del guard.bad_rows[1000:]
+        if not applied:
+            cause = verdict.anomalies[0]["cause"] if verdict.anomalies else (
+                "nonfinite_grad" if math.isfinite(record["loss"]) else "nonfinite_loss")
+            detail = "optimizer step skipped (no update, no scheduler step)"
+            if not verdict.anomalies and bad_layers:
+                detail += f"; non-finite gradient in {', '.join(bad_layers)}"
+            events.add(step, "skip", cause, detail, layer=bad_layers[0] if bad_layers else None, rows=rows, lr=lr)
+        if guard is None:
+            return None
+        cause = verdict.anomalies[-1]["cause"] if verdict.anomalies else ""
+        if verdict.stop:
+            k = guard.k
+            events.add(step, "stop", cause, f"{guard.rollbacks} rollbacks (max_rollbacks {k['max_rollbacks']}) "
+                       f"did not stop the anomalies", layer=guard.first_layer, rows=guard.bad_rows, lr=lr)
+            first = next((e for e in events.events if e["kind"] == "anomaly"), None)
+            path = self.run_dir / "diagnosis.json"
+            if events.path is not None:
+                path = write_diagnosis(self.run_dir, first["step"] if first else step,
+                                       first["cause"] if first else cause, guard.first_layer, guard.bad_rows,
+                                       events.events)
+            return (f"training diverged at step {step}: {cause} after {guard.rollbacks} rollback(s); first bad "
+                    f"layer {guard.first_layer or 'unknown'}; diagnosis in {path}")
+        if verdict.rollback:
+            target = guard.roll_back(step, model, optimizer, scheduler, scaler)
+            k = guard.k
+            events.add(step, "rollback", cause,
+                       f"restored the state of step {target}; lr x{guard.lr_scale:g}, clip max_norm "
+                       f"{guard.clip_norm(step + 1):g} until step {guard.recover_until}, Adam moments reset; "
+                       f"the batches since step {target} are not replayed",
+                       layer=guard.first_layer, rows=rows, lr=lr * guard.lr_scale)
+        return None
 
     def _check_resumable(self, latest: Path) -> None:
         """Refuse a resume whose settings would not continue the same run."""
@@ -451,9 +615,10 @@ class Trainer:
 
     def _save(self, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, scaler: Any,
               sampler: CurriculumSampler, history: list[dict[str, Any]], label_map: LabelMap | None,
-              skipped: int, best: dict[str, Any], gvs: GradVarianceScaler | None) -> Path:
+              skipped: int, best: dict[str, Any], gvs: GradVarianceScaler | None,
+              guard_state: dict[str, Any] | None = None) -> Path:
         extra = {"skipped_steps": skipped, "best": dict(best),
-                 "grad_variance": gvs.state_dict() if gvs is not None else None}
+                 "grad_variance": gvs.state_dict() if gvs is not None else None, **(guard_state or {})}
         try:
             return ckpt_mod.save_checkpoint(
                 self.run_dir, step, model, optimizer, scheduler, scaler, sampler.state_dict(),
@@ -514,6 +679,21 @@ class _Metrics:
             self.fh.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def _row_ids(enc: Encoded, idx: list[int]) -> list[str]:
+    """The data row ids of a micro-batch (every row of a pack)."""
+    if enc.packed_rows is not None:
+        return [r for i in idx for r in enc.packed_rows[i]]
+    return [enc.row_ids[i] for i in idx]
+
+
+def _lr_groups(optimizer: Any) -> dict[str, float]:
+    """The lr each kind of parameter group used (first group of a kind)."""
+    out: dict[str, float] = {}
+    for g in optimizer.param_groups:
+        out.setdefault(str(g.get("kind", "all")), float(g["lr"]))
+    return out
 
 
 def _release_accelerator_state(precision: str) -> None:
