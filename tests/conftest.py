@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the real public data lives, and offline settings."""
+"""Shared test fixtures: where the real public data slices live, and offline settings."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 TEST_DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The real public data in ../shared/data (present on dev machines and in CI)."""
-    assert SHARED_DATA.is_dir(), f"real test data missing: {SHARED_DATA}"
-    return SHARED_DATA
+def real_data() -> Path:
+    """Small slices of real public data, committed in tests/data/ (see each SOURCE.md).
+
+    Regenerate them with ``python tests/data/make_slices.py``; the tests never read ../shared.
+    """
+    assert TEST_DATA.is_dir(), f"real test data missing: {TEST_DATA}"
+    return TEST_DATA
 
 
 @pytest.fixture(scope="session")

@@ -34,9 +34,9 @@ def rank_auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def real(shared_data: Path) -> pa.Table:
+def real(real_data: Path) -> pa.Table:
     """100 real Alpaca rows, scored once with embeddings kept (the model runs only here)."""
-    records = json.loads((shared_data / "alpaca_en_demo/alpaca_en_demo.json").read_text(encoding="utf-8"))
+    records = json.loads((real_data / "alpaca_en_demo/alpaca_en_demo.json").read_text(encoding="utf-8"))
     batch = RawBatch(source="alpaca")
     for i, rec in enumerate(records[:N_REAL]):
         batch.add(i, rec)
@@ -163,13 +163,13 @@ def test_validation_and_pickle_drops_model(real: pa.Table) -> None:
     assert clone.embedder._model is None and len(pickle.dumps(stage)) < 100_000
 
 
-def test_pipeline_end_to_end_keeps_scores_and_embeddings(shared_data: Path, tmp_path: Path) -> None:
+def test_pipeline_end_to_end_keeps_scores_and_embeddings(real_data: Path, tmp_path: Path) -> None:
     """Normalize -> dedup -> consistency through the real pipeline, shards read back with pyarrow."""
     from dataguard.io.readers import InputSpec
     from dataguard.pipeline import Pipeline
     from dataguard.stages.dedup import DedupStage
 
-    records = json.loads((shared_data / "alpaca_en_demo/alpaca_en_demo.json").read_text(encoding="utf-8"))[:40]
+    records = json.loads((real_data / "alpaca_en_demo/alpaca_en_demo.json").read_text(encoding="utf-8"))[:40]
     records.append(dict(records[0]))  # a planted exact duplicate
     path = tmp_path / "slice.json"
     path.write_text(json.dumps(records), encoding="utf-8")

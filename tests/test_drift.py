@@ -17,16 +17,16 @@ from dataguard.stats.features import numeric_feature
 
 
 @pytest.fixture(scope="module")
-def banking(shared_data) -> dict[str, pa.Table]:
-    d = shared_data / "banking77"
+def banking(real_data) -> dict[str, pa.Table]:
+    d = real_data / "banking77"
     return {split: load_reference({"path": str(d / f"{split}.csv"), "name": f"b77_{split}",
                                    "format": "labelled_text", "aliases": {"category": "label"}})
             for split in ("train", "test")}
 
 
 @pytest.fixture(scope="module")
-def clinc(shared_data) -> pa.Table:
-    rows = json.loads((shared_data / "clinc150" / "data_full.json").read_text())["test"]
+def clinc(real_data) -> pa.Table:
+    rows = json.loads((real_data / "clinc150" / "data_full.test.json").read_text())["test"]
     return canonical_table([{"id": f"clinc:{i}", "source": "clinc", "label": intent,
                              "messages": [{"role": "user", "content": text}]} for i, (text, intent) in enumerate(rows)])
 
@@ -147,7 +147,7 @@ def test_no_correction_when_stable_and_empty_batch_schema(banking) -> None:
     assert clone.apply(banking["train"].slice(0, 50)).kept.equals(st.apply(banking["train"].slice(0, 50)).kept)
 
 
-def test_reference_from_csv_path_and_config_errors(shared_data, tmp_path) -> None:
+def test_reference_from_csv_path_and_config_errors(real_data, tmp_path) -> None:
     path = tmp_path / "ref.jsonl"
     path.write_text("\n".join(json.dumps({"text": f"hello {i}", "label": "x"}) for i in range(20)) + "\n")
     st = DriftStage(reference=str(path), text=False)

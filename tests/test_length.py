@@ -25,8 +25,8 @@ def run_stage(stage: LengthStage, tables: list[pa.Table]):
     return outs
 
 
-def alpaca_rows(shared_data, limit=None):
-    data = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())[:limit]
+def alpaca_rows(real_data, limit=None):
+    data = json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())[:limit]
     return [
         {"id": f"alpaca:{i}", "source": "alpaca",
          "messages": [{"role": "user", "content": r["instruction"] + ("\n" + r["input"] if r["input"] else "")},
@@ -35,8 +35,8 @@ def alpaca_rows(shared_data, limit=None):
     ]
 
 
-def sharegpt_rows(shared_data):
-    data = json.loads((shared_data / "sharegpt_fastchat_dummy" / "dummy_conversation.json").read_text())
+def sharegpt_rows(real_data):
+    data = json.loads((real_data / "sharegpt_fastchat_dummy" / "dummy_conversation.json").read_text())
     role = {"human": "user", "gpt": "assistant"}
     return [{"id": f"sg:{r['id']}", "source": "sharegpt",
              "messages": [{"role": role[t["from"]], "content": t["value"]} for t in r["conversations"]]}
@@ -58,8 +58,8 @@ def test_histogram_is_exact_and_mergeable():
 
 
 # --- fit on real data ------------------------------------------------------------------
-def test_fit_on_real_alpaca_sets_percentile_cap(shared_data):
-    rows = alpaca_rows(shared_data)
+def test_fit_on_real_alpaca_sets_percentile_cap(real_data):
+    rows = alpaca_rows(real_data)
     tables = [canonical_table(rows[i:i + 250]) for i in range(0, len(rows), 250)]
     stage = LengthStage(percentile=90, factor=1.5, action="drop")
     outs = run_stage(stage, tables)
@@ -181,8 +181,8 @@ def test_drop_and_too_short_reasons_and_nothing_lost():
     assert not set(kept_ids) & set(reasons)
 
 
-def test_real_multiturn_truncation_keeps_conversation_shape(shared_data):
-    rows = sharegpt_rows(shared_data)
+def test_real_multiturn_truncation_keeps_conversation_shape(real_data):
+    rows = sharegpt_rows(real_data)
     stage = LengthStage(percentile=50, factor=1.0, action="truncate")
     outs = run_stage(stage, [canonical_table(rows[i:i + 200]) for i in range(0, len(rows), 200)])
     kept = [r for o in outs for r in o.kept.to_pylist()]

@@ -162,10 +162,10 @@ def test_config_errors_name_the_parameter(kwargs: dict, param: str) -> None:
         LongTailStage(**kwargs)
 
 
-def test_real_banking77_describe_is_json_and_small(shared_data) -> None:
+def test_real_banking77_describe_is_json_and_small(real_data) -> None:
     import csv
 
-    with open(shared_data / "banking77" / "train.csv", newline="") as f:
+    with open(real_data / "banking77" / "train.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     table = canonical_table([{"id": f"b:{i}", "source": "b", "label": r["category"],
                               "messages": [{"role": "user", "content": r["text"]}]} for i, r in enumerate(rows)])

@@ -38,8 +38,8 @@ def _naive_ngram(symbols: list[int], n: int) -> int:
     return int(splitmix64(np.array([h ^ n], dtype=np.uint64))[0])
 
 
-def _alpaca_texts(shared_data, k: int = 300) -> list[str]:
-    rows = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+def _alpaca_texts(real_data, k: int = 300) -> list[str]:
+    rows = json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
     return [r["instruction"] + "\n" + r["input"] + "\n" + r["output"] for r in rows[:k]]
 
 
@@ -72,10 +72,10 @@ def test_normalize_config_rejects_unknown_options():
         NormalizeConfig.from_param({"lowercase": "yes"})
 
 
-def test_batch_and_offset_paths_agree_on_real_text(shared_data):
+def test_batch_and_offset_paths_agree_on_real_text(real_data):
     cfg = NormalizeConfig()
-    texts = _alpaca_texts(shared_data)
-    gsm = [json.loads(line)["question"] for line in (shared_data / "gsm8k" / "test.jsonl").open()][:100]
+    texts = _alpaca_texts(real_data)
+    gsm = [json.loads(line)["question"] for line in (real_data / "gsm8k" / "test.head100.jsonl").open()][:100]
     texts += gsm + ["ﬁnal   café\u00a0(ok)", "e\u0301t\u00e9"]
     batch = normalize_batch(texts, cfg)
     for text, expected in zip(texts, batch, strict=True):

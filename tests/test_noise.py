@@ -38,9 +38,9 @@ def _run(stage: NoiseStage, table: pa.Table, batch: int = 300):
 
 
 @pytest.fixture(scope="module")
-def banking(shared_data: Path):
+def banking(real_data: Path):
     """The first 8 banking77 intents (~1,000 train rows) with 10% class-conditional noise."""
-    with open(shared_data / "banking77" / "train.csv", newline="") as f:
+    with open(real_data / "banking77" / "train.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     classes = sorted({r["category"] for r in rows})[:N_CLASSES]
     rows = [r for r in rows if r["category"] in classes]
@@ -101,9 +101,9 @@ def test_mask_agrees_with_cleanlab_on_our_probabilities(banking, flagged, filter
 
 
 @pytest.fixture(scope="module")
-def news(shared_data: Path):
-    d = shared_data / "20news_label_errors"
-    with gzip.open(d / "20news_test_texts.jsonl.gz", "rt") as f:
+def news(real_data: Path):
+    d = real_data / "20news_label_errors"
+    with gzip.open(d / "20news_test_texts.text200.jsonl.gz", "rt") as f:
         rows = [json.loads(line) for line in f]
     errors = {r["id"] for r in json.loads((d / "20news_mturk.json").read_text()) if r["mturk"]["given"] < 3}
     table = canonical_table([{"id": f"20news:{r['index']}", "source": "20news",

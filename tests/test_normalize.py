@@ -1,4 +1,4 @@
-"""Template normalization on the real files in ../shared/data and on crafted bad records."""
+"""Template normalization on the real data slices in tests/data and on crafted bad records."""
 
 from __future__ import annotations
 
@@ -45,17 +45,17 @@ REAL_FILES = [
     "alpaca_en_demo/identity.json",
     "alpaca_seed_tasks/seed_tasks.jsonl",
     "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json",
-    "sharegpt_dpo_demo/dpo_en_demo.json",
+    "sharegpt_dpo_demo/dpo_en_demo.head160.json",
     "sharegpt_fastchat_dummy/dummy_conversation.json",
-    "messages_kto_demo/kto_en_demo.json",
+    "messages_kto_demo/kto_en_demo.head100.json",
     "messages_kto_demo/v1_sft_demo.jsonl",
-    "gpteacher_toolformer/toolformer-similarity-0.6-dataset.json",
+    "gpteacher_toolformer/toolformer-similarity-0.6-dataset.head300.json",
 ]
 
 
 @pytest.mark.parametrize("rel", REAL_FILES)
-def test_every_real_row_is_accounted_for(shared_data: Path, rel: str) -> None:
-    records = load_records(shared_data / rel)
+def test_every_real_row_is_accounted_for(real_data: Path, rel: str) -> None:
+    records = load_records(real_data / rel)
     out = run(records, source=Path(rel).stem)
     kept, rejected = out.kept, out.rejected
     assert kept.num_rows + rejected.num_rows == len(records)
@@ -76,8 +76,8 @@ def test_every_real_row_is_accounted_for(shared_data: Path, rel: str) -> None:
     assert dict(Counter(rejected.column("reason").to_pylist())) == expected
 
 
-def test_alpaca_mapping_matches_source(shared_data: Path) -> None:
-    records = load_records(shared_data / "alpaca_en_demo/alpaca_en_demo.json")
+def test_alpaca_mapping_matches_source(real_data: Path) -> None:
+    records = load_records(real_data / "alpaca_en_demo/alpaca_en_demo.json")
     kept = run(records).kept.to_pylist()
     assert {r["format"] for r in kept} == {"alpaca"}
     for rec, row in zip(records, kept, strict=True):
@@ -86,8 +86,8 @@ def test_alpaca_mapping_matches_source(shared_data: Path) -> None:
         assert row["label"] is None and row["meta"] is None
 
 
-def test_glaive_toolcall_roles_and_tools(shared_data: Path) -> None:
-    records = load_records(shared_data / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json")
+def test_glaive_toolcall_roles_and_tools(real_data: Path) -> None:
+    records = load_records(real_data / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json")
     kept = run(records, source="glaive").kept.to_pylist()
     expected_role = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool"}
     n_calls = 0
@@ -107,8 +107,8 @@ def test_glaive_toolcall_roles_and_tools(shared_data: Path) -> None:
     assert n_calls == 211  # SOURCE.md: 211 function_call turns
 
 
-def test_dpo_keeps_chosen_and_rejected(shared_data: Path) -> None:
-    records = load_records(shared_data / "sharegpt_dpo_demo/dpo_en_demo.json")
+def test_dpo_keeps_chosen_and_rejected(real_data: Path) -> None:
+    records = load_records(real_data / "sharegpt_dpo_demo/dpo_en_demo.head160.json")
     kept = run(records).kept.to_pylist()
     n_system = 0
     for rec, row in zip(records, kept, strict=True):
@@ -116,11 +116,11 @@ def test_dpo_keeps_chosen_and_rejected(shared_data: Path) -> None:
         assert len(row["messages"]) == len(rec["conversations"]) + 1
         assert json.loads(row["meta"])["rejected"] == rec["rejected"]["value"]
         n_system += roles(row).count("system")
-    assert n_system == 80
+    assert n_system == 43  # in the first 160 rows of dpo_en_demo (80 in all 300 rows)
 
 
-def test_content_parts_and_turn_fields(shared_data: Path) -> None:
-    records = load_records(shared_data / "messages_kto_demo/v1_sft_demo.jsonl")
+def test_content_parts_and_turn_fields(real_data: Path) -> None:
+    records = load_records(real_data / "messages_kto_demo/v1_sft_demo.jsonl")
     out = run(records, normalizer=Normalizer(check_placeholders=False))
     kept = out.kept.to_pylist()
     assert len(kept) == len(records)
@@ -132,17 +132,17 @@ def test_content_parts_and_turn_fields(shared_data: Path) -> None:
             [m["loss_weight"] for m in rec["messages"]]
 
 
-def test_kto_labels_and_fastchat_ids(shared_data: Path) -> None:
-    kto = run(load_records(shared_data / "messages_kto_demo/kto_en_demo.json")).kept
-    assert Counter(kto.column("label").to_pylist()) == {"true": 150, "false": 150}
-    fc_records = load_records(shared_data / "sharegpt_fastchat_dummy/dummy_conversation.json")
+def test_kto_labels_and_fastchat_ids(real_data: Path) -> None:
+    kto = run(load_records(real_data / "messages_kto_demo/kto_en_demo.head100.json")).kept
+    assert Counter(kto.column("label").to_pylist()) == {"true": 54, "false": 46}  # first 100 of 300 rows
+    fc_records = load_records(real_data / "sharegpt_fastchat_dummy/dummy_conversation.json")
     fc = run(fc_records, source="fastchat").kept
     assert fc.column("id").to_pylist() == [f"fastchat:{i}" for i in range(len(fc_records))]
     assert [json.loads(m)["source_id"] for m in fc.column("meta").to_pylist()] == [r["id"] for r in fc_records]
 
 
-def test_banking77_csv_is_labelled_text(shared_data: Path) -> None:
-    with open(shared_data / "banking77/test.csv", newline="", encoding="utf-8") as f:
+def test_banking77_csv_is_labelled_text(real_data: Path) -> None:
+    with open(real_data / "banking77/test.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))[:300]
     kept = run(rows, source="banking77").kept.to_pylist()
     assert len(kept) == 300
@@ -152,8 +152,8 @@ def test_banking77_csv_is_labelled_text(shared_data: Path) -> None:
         assert row["label"] == src["category"]
 
 
-def test_clinc150_list_rows_need_forced_format(shared_data: Path) -> None:
-    pairs = json.loads((shared_data / "clinc150/data_imbalanced.json").read_text())["train"][:200]
+def test_clinc150_list_rows_need_forced_format(real_data: Path) -> None:
+    pairs = json.loads((real_data / "clinc150/data_imbalanced.train200.json").read_text())["train"][:200]
     forced = run(pairs, format="labelled_text").kept.to_pylist()
     assert [(r["messages"][0]["content"], r["label"]) for r in forced] == [tuple(p) for p in pairs]
     auto = run(pairs)
@@ -313,17 +313,17 @@ def test_config_validation_and_pickle() -> None:
     assert clone.check_placeholders is False
 
 
-def test_empty_batch_and_determinism(shared_data: Path) -> None:
+def test_empty_batch_and_determinism(real_data: Path) -> None:
     empty = run([])
     assert empty.kept.num_rows == 0 and empty.kept.schema == Normalizer().schema
-    records = load_records(shared_data / "sharegpt_dpo_demo/dpo_en_demo.json")[:50]
+    records = load_records(real_data / "sharegpt_dpo_demo/dpo_en_demo.head160.json")[:50]
     a, b = run(records), run(records)
     assert a.kept.equals(b.kept) and a.rejected.equals(b.rejected)
 
 
-def test_stats_absorb_and_describe(shared_data: Path) -> None:
+def test_stats_absorb_and_describe(real_data: Path) -> None:
     norm = Normalizer()
-    records = load_records(shared_data / "alpaca_en_demo/identity.json")
+    records = load_records(real_data / "alpaca_en_demo/identity.json")
     outs = [norm.normalize(raw_batch("identity", records[i:i + 30], start=i), SourceOptions(name="identity"))
             for i in range(0, len(records), 30)]
     norm.absorb([o.stats for o in outs])

@@ -80,9 +80,9 @@ def test_crafted_rows_same_result_on_both_paths(monkeypatch, check_placeholders:
     assert 0 < len(taken.index) < len(records)  # both paths really ran
 
 
-def test_real_alpaca_data_same_result_and_mostly_fast(monkeypatch, shared_data: Path) -> None:
-    records = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
-    records += json.loads((shared_data / "gpteacher_toolformer" / "toolformer-dedupe-only-dataset.json").read_text())
+def test_real_alpaca_data_same_result_and_mostly_fast(monkeypatch, real_data: Path) -> None:
+    records = json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+    records += json.loads((real_data / "gpteacher_toolformer" / "toolformer-dedupe-only-dataset.head1000.json").read_text())
     for options in (SourceOptions(name="s"), SourceOptions(name="s", format="alpaca")):
         fast, slow = _both_paths(monkeypatch, records, options)
         _assert_same(fast, slow)

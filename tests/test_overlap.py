@@ -26,8 +26,8 @@ COLUMNS = {"overlap_ratio": pa.float64(), "overlap_longest": pa.int64(), "overla
 
 
 @pytest.fixture(scope="module")
-def alpaca(shared_data):
-    return json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+def alpaca(real_data):
+    return json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +224,8 @@ def test_validation_leakage_both_directions(alpaca):
     assert {f"train:{1000 + j}" for j in long_val[:3]} <= {r[1] for r in table["rows"]}
 
 
-def test_user_reference_files_with_field_mapping(tmp_path, alpaca, shared_data):
-    mmlu = [json.loads(line) for line in (shared_data / "mmlu" / "mmlu_validation.jsonl").open()][:200]
+def test_user_reference_files_with_field_mapping(tmp_path, alpaca, real_data):
+    mmlu = [json.loads(line) for line in (real_data / "mmlu" / "mmlu_validation.head200.jsonl").open()][:200]
     jl = tmp_path / "bench.jsonl.gz"
     with gzip.open(jl, "wt") as f:
         for k, r in enumerate(mmlu):
@@ -250,10 +250,10 @@ def test_user_reference_files_with_field_mapping(tmp_path, alpaca, shared_data):
     assert info["pqbench"]["items"] == 200 and info["csvbench"]["items"] > 40
 
 
-def test_mmlu_planted_with_reformatted_choices(shared_data, alpaca):
+def test_mmlu_planted_with_reformatted_choices(real_data, alpaca):
     stage = OverlapStage(references=["mmlu_test"], mode="token")
     stage.fit([])
-    mmlu = [json.loads(line) for line in (shared_data / "mmlu" / "mmlu_test.jsonl").open()]
+    mmlu = [json.loads(line) for line in (real_data / "mmlu" / "mmlu_test.head45.jsonl").open()]
     picks = [r for r in mmlu if len(r["question"].split()) > 25][:20]
     rows = [{"id": f"m{k}", "source": "s", "messages": [
         {"role": "user", "content": "Answer the question.\n" + r["question"] + "\n" +

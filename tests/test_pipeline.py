@@ -23,12 +23,12 @@ from dataguard.stages.dedup import DedupStage
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _inputs(shared: Path) -> list[InputSpec]:
+def _inputs(data: Path) -> list[InputSpec]:
     return [
-        InputSpec(path=shared / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca"),
-        InputSpec(path=shared / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", name="glaive"),
-        InputSpec(path=shared / "messages_kto_demo/v1_sft_demo.jsonl", name="parts"),
-        InputSpec(path=shared / "banking77/test.csv", name="banking", format="labelled_text",
+        InputSpec(path=data / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca"),
+        InputSpec(path=data / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json", name="glaive"),
+        InputSpec(path=data / "messages_kto_demo/v1_sft_demo.jsonl", name="parts"),
+        InputSpec(path=data / "banking77/test.csv", name="banking", format="labelled_text",
                   aliases={"category": "label"}),
     ]
 
@@ -52,9 +52,9 @@ def test_plan_fuses_row_local_stages_and_splits_at_fits() -> None:
     assert segments[0].fit_stage == 1 and segments[1].fit_stage is None
 
 
-def test_real_data_nothing_lost_and_shards_open_everywhere(shared_data: Path, tmp_path: Path) -> None:
+def test_real_data_nothing_lost_and_shards_open_everywhere(real_data: Path, tmp_path: Path) -> None:
     result = Pipeline([DedupStage(action="drop")], batch_rows=700, shard_rows=1500).run(
-        _inputs(shared_data), tmp_path / "out")
+        _inputs(real_data), tmp_path / "out")
     counts = result.manifest["counts"]
     assert counts["rows_in"] == 999 + 300 + 500 + 3080
     assert counts["rows_in"] == counts["rows_kept"] + counts["rows_rejected"] and counts["balanced"]
@@ -63,7 +63,7 @@ def test_real_data_nothing_lost_and_shards_open_everywhere(shared_data: Path, tm
     assert normalize["rows_in"] == counts["rows_in"]
     assert dedup["rows_in"] == normalize["rows_kept"]
     assert dedup["rows_kept"] == counts["rows_kept"]
-    parts_file = shared_data / "messages_kto_demo/v1_sft_demo.jsonl"
+    parts_file = real_data / "messages_kto_demo/v1_sft_demo.jsonl"
     with_slots = sum("{{" in line for line in parts_file.read_text().splitlines())
     assert normalize["reasons"]["unfilled_placeholder"] == with_slots == 50
     assert dedup["reasons"].get("exact_duplicate", 0) >= 1
@@ -107,8 +107,8 @@ def test_bad_input_is_rejected_with_reasons(tmp_path: Path) -> None:
     assert len(set(reasons)) >= 6  # each kind of problem has its own reason code
 
 
-def test_parallel_and_serial_runs_are_byte_identical(shared_data: Path, tmp_path: Path) -> None:
-    inputs = _inputs(shared_data)[:3]
+def test_parallel_and_serial_runs_are_byte_identical(real_data: Path, tmp_path: Path) -> None:
+    inputs = _inputs(real_data)[:3]
     Pipeline([DedupStage()], workers=1, batch_rows=400).run(inputs, tmp_path / "a")
     Pipeline([DedupStage()], workers=2, batch_rows=400).run(inputs, tmp_path / "b")
     a, b = _bytes(tmp_path / "a"), _bytes(tmp_path / "b")
@@ -121,12 +121,12 @@ def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_killed_run_resumes_to_identical_output(shared_data: Path, tmp_path: Path) -> None:
+def test_killed_run_resumes_to_identical_output(real_data: Path, tmp_path: Path) -> None:
     config = tmp_path / "p.yaml"
     config.write_text(
         "inputs:\n"
-        f"  - {{path: {shared_data / 'gpteacher_toolformer/toolformer-dedupe-only-dataset.json'}, name: toolformer}}\n"
-        f"  - {{path: {shared_data / 'alpaca_en_demo/alpaca_en_demo.json'}, name: alpaca}}\n"
+        f"  - {{path: {real_data / 'gpteacher_toolformer/toolformer-dedupe-only-dataset.head1000.json'}, name: toolformer}}\n"
+        f"  - {{path: {real_data / 'alpaca_en_demo/alpaca_en_demo.json'}, name: alpaca}}\n"
         "stages:\n  - dedup: {action: drop}\n"
         "batch_rows: 150\nworkers: 1\nreport: false\n")
     clean = _cli("run", str(config), "--output", str(tmp_path / "clean"), "--no-report")
@@ -151,7 +151,7 @@ def test_killed_run_resumes_to_identical_output(shared_data: Path, tmp_path: Pat
     assert not (out / "_work").exists()
 
 
-def test_cli_inspect_and_errors(shared_data: Path, tmp_path: Path) -> None:
+def test_cli_inspect_and_errors(real_data: Path, tmp_path: Path) -> None:
     config = tmp_path / "p.yaml"
     config.write_text(f"inputs:\n  - path: {REPO / 'sample_data/messages_content_parts.jsonl'}\n"
                       "stages:\n  - dedup: {action: flag}\n")
@@ -191,8 +191,8 @@ def test_config_errors_name_file_line_and_key(tmp_path: Path, text: str, needle:
     assert str(config) in result.stderr and needle in result.stderr, result.stderr
 
 
-def test_shards_cut_by_bytes_keep_every_row_in_order(shared_data: Path, tmp_path: Path) -> None:
-    spec = [InputSpec(path=shared_data / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca")]
+def test_shards_cut_by_bytes_keep_every_row_in_order(real_data: Path, tmp_path: Path) -> None:
+    spec = [InputSpec(path=real_data / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca")]
     whole = Pipeline([], workers=1).run(spec, tmp_path / "whole")
     cut = Pipeline([], workers=1, shard_bytes=200_000).run(spec, tmp_path / "cut")
     files = cut.manifest["outputs"]["data"]

@@ -149,8 +149,8 @@ def ref_dup(t: str, n: int) -> float:
 
 
 @pytest.mark.parametrize("use_kernel", IMPLEMENTATIONS)
-def test_scores_equal_plain_python_definitions_on_real_text(shared_data, use_kernel):
-    data = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())[:400]
+def test_scores_equal_plain_python_definitions_on_real_text(real_data, use_kernel):
+    data = json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())[:400]
     texts = [r["output"] for r in data] + [r["instruction"] for r in data[:100]]
     texts += ["", "x", "Ünïcödé ÜNÏCÖDÉ ünïcödé " * 5, "la la la la la la la la la la la la", "😀" * 30]
     s = scores(texts, use_kernel)
@@ -240,8 +240,8 @@ def test_gopher_rules_skip_short_texts():
     assert out.rejected.to_pylist()[0]["reason"] == "gopher_top_ngram"
 
 
-def test_real_data_nothing_lost_and_report(shared_data):
-    data = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+def test_real_data_nothing_lost_and_report(real_data):
+    data = json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
     rows = [row(f"a{i}", r["instruction"] + ("\n" + r["input"] if r["input"] else ""), r["output"])
             for i, r in enumerate(data)]
     stage = pickle.loads(pickle.dumps(QualityStage()))
@@ -299,14 +299,14 @@ def _urls_by_finditer(text: str) -> tuple[int, int]:
     return count, chars
 
 
-def test_anchored_url_search_equals_finditer(shared_data):
+def test_anchored_url_search_equals_finditer(real_data):
     # urls_in only tries the regex near "://" and "www."; it must find exactly what a plain
     # finditer over the whole text finds, including nested, adjacent and malformed URLs.
     rng = np.random.default_rng(11)
     parts = ["http://", "https://a.b/", "www.", "ftp://x", "://", "abcdefghijklmnopqrstu://", "x", " ", "\n",
              "see", ".", ")", "<", "git+ssh://h", "wwww.", "9ab://", "a" * 17 + "://z"]
     texts = ["".join(rng.choice(parts, size=int(rng.integers(0, 25)))) for _ in range(3000)]
-    with open(shared_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json") as f:
+    with open(real_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json") as f:
         texts += [t["value"] for r in json.load(f) for t in r["conversations"]]
     for t in texts:
         assert qs.urls_in(t) == _urls_by_finditer(t), t

@@ -23,9 +23,9 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
-def test_ray_matches_local_bytes(ray_cluster, shared_data: Path, tmp_path: Path) -> None:
-    inputs = [InputSpec(path=shared_data / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca"),
-              InputSpec(path=shared_data / "messages_kto_demo/v1_sft_demo.jsonl", name="parts")]
+def test_ray_matches_local_bytes(ray_cluster, real_data: Path, tmp_path: Path) -> None:
+    inputs = [InputSpec(path=real_data / "alpaca_en_demo/alpaca_en_demo.json", name="alpaca"),
+              InputSpec(path=real_data / "messages_kto_demo/v1_sft_demo.jsonl", name="parts")]
     stages = [DedupStage(action="drop")]
     local = Pipeline(stages, workers=1, batch_rows=300).run(inputs, tmp_path / "local")
     remote = Pipeline([DedupStage(action="drop")], executor="ray", workers=2, batch_rows=300).run(

@@ -27,23 +27,23 @@ def _rows(spec: InputSpec, batch_rows: int = 1000):
     ("messages_kto_demo/v1_sft_demo.jsonl", 500),
     ("humaneval/HumanEval.jsonl.gz", 164),
     ("banking77/test.csv", 3080),
-    ("truthfulqa/TruthfulQA.csv", 817),
+    ("truthfulqa/TruthfulQA.head200.csv", 200),
 ])
-def test_real_files_every_row_read(shared_data: Path, rel: str, expected: int) -> None:
-    rows = _rows(InputSpec(path=shared_data / rel), batch_rows=128)
+def test_real_files_every_row_read(real_data: Path, rel: str, expected: int) -> None:
+    rows = _rows(InputSpec(path=real_data / rel), batch_rows=128)
     assert len(rows) == expected
     assert all(err is None for _, _, err, _, _ in rows)
     assert [p for p, *_ in rows] == list(range(expected))
 
 
-def test_batches_are_bounded(shared_data: Path) -> None:
-    sizes = [len(b) for b in read_batches(InputSpec(path=shared_data / "alpaca_en_demo/alpaca_en_demo.json"),
+def test_batches_are_bounded(real_data: Path) -> None:
+    sizes = [len(b) for b in read_batches(InputSpec(path=real_data / "alpaca_en_demo/alpaca_en_demo.json"),
                                           batch_rows=100)]
     assert max(sizes) == 100 and sum(sizes) == 999
 
 
-def test_json_key_reads_array_inside_object(shared_data: Path) -> None:
-    rows = _rows(InputSpec(path=shared_data / "clinc150/data_full.json", json_key="test", format="labelled_text"))
+def test_json_key_reads_array_inside_object(real_data: Path) -> None:
+    rows = _rows(InputSpec(path=real_data / "clinc150/data_full.test.json", json_key="test", format="labelled_text"))
     assert len(rows) == 4500
     assert rows[0][1] == ["how would you say fly in italian", "translate"]
 

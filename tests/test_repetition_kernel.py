@@ -34,21 +34,21 @@ def _assert_same(texts: list[str] | pa.Array, spec: rk.ScoreSpec = SPEC) -> dict
     return fast
 
 
-def _real_texts(shared_data) -> list[str]:
+def _real_texts(real_data) -> list[str]:
     texts: list[str] = []
-    alpaca = json.loads((shared_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+    alpaca = json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
     texts += [r["instruction"] + "\n" + r["input"] + "\n" + r["output"] for r in alpaca]
-    glaive = json.loads((shared_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json").read_text())
+    glaive = json.loads((real_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json").read_text())
     texts += ["\n".join(t["value"] for t in r["conversations"]) for r in glaive]
-    with gzip.open(shared_data / "20news_label_errors" / "20news_test_texts.jsonl.gz", "rt") as f:
+    with gzip.open(real_data / "20news_label_errors" / "20news_test_texts.head600.jsonl.gz", "rt") as f:
         texts += [json.loads(line)["text"] for _, line in zip(range(600), f, strict=False)]
-    with gzip.open(shared_data / "humaneval" / "HumanEval.jsonl.gz", "rt") as f:
+    with gzip.open(real_data / "humaneval" / "HumanEval.jsonl.gz", "rt") as f:
         texts += [(r := json.loads(line))["prompt"] + r["canonical_solution"] for line in f]
     return texts
 
 
-def test_kernel_equals_reference_on_real_data(shared_data):
-    texts = _real_texts(shared_data)
+def test_kernel_equals_reference_on_real_data(real_data):
+    texts = _real_texts(real_data)
     s = _assert_same(texts)
     # Not vacuous: the real data trips the interesting branches.
     assert (s["char_rep_ratio"] > 0).sum() > 500
@@ -159,10 +159,10 @@ def test_bad_arguments_raise_clear_errors():
         call(out_f=b"read-only")
 
 
-def test_segments_score_like_the_joined_text(shared_data):
+def test_segments_score_like_the_joined_text(real_data):
     # A side of a conversation = its messages joined by "\n"; the kernel assembles it from
     # the message buffer directly. Same numbers as scoring the joined strings.
-    glaive = json.loads((shared_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json").read_text())
+    glaive = json.loads((real_data / "sharegpt_glaive_toolcall" / "glaive_toolcall_en_demo.json").read_text())
     convs = [[t["value"] for t in r["conversations"]] for r in glaive[:120]]
     convs += [[], ["only one"], ["", "after an empty one"], ["a\na", "a"]]
     rng = np.random.default_rng(5)
