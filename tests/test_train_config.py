@@ -91,6 +91,7 @@ def test_dict_and_overrides():
     ("  lrr: 0.1\n", r"p\.yaml:5: train\.lrr: unknown key \(expected one of: task, model, .*lr,"),
     ("  precision: fp8\n", r"p\.yaml:5: train\.precision: must be one of fp32, bf16, fp16, got 'fp8'"),
     ("  batch_size: 2.5\n", r"p\.yaml:5: train\.batch_size: must be a positive integer, got 2\.5"),
+    ("  threads: 0\n", r"p\.yaml:5: train\.threads: must be a positive integer or null, got 0"),
     ("  lora:\n    r: 0\n", r"p\.yaml:6: train\.lora\.r: must be a positive integer, got 0"),
     ("  lora:\n    rank: 4\n", r"p\.yaml:6: train\.lora\.rank: unknown key \(expected one of: r, alpha"),
     ("  clip_rules:\n    mlp: {max: 1}\n", r"p\.yaml:6: train\.clip_rules\.mlp: must be \{value: X\} or \{norm: X\}"),

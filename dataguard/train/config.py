@@ -48,6 +48,7 @@ class TrainConfig:
     data: str
     output: str
     seed: int = 0
+    threads: int | None = None  # CPU math threads for this run; None leaves torch's default
     device: str = "auto"
     precision: str = "fp32"
     batch_size: int = 8
@@ -284,6 +285,7 @@ CHECKS: dict[str, Check] = {
     "data": _text,
     "output": _text,
     "seed": _int(0),
+    "threads": _int(1, optional=True),
     "device": _choice("auto", "cpu", "cuda"),
     "precision": _choice("fp32", "bf16", "fp16"),
     "batch_size": _int(1),

@@ -232,6 +232,11 @@ class Trainer:
 
     def _fit(self, resume: bool, stop_after: int | None) -> TrainResult:
         cfg = self.cfg
+        if cfg.threads is not None:
+            # On a shared or small CPU, torch's default (all cores) can be 10x slower per step
+            # than one thread; float sums may round differently per setting, so keep it fixed
+            # across a resume (it is part of the saved settings).
+            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed % 2 ** 32)
         import random
