@@ -26,8 +26,7 @@ LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0,
 
 GUARD_DEFAULTS: dict[str, Any] = {
     "snapshot_every": 100, "anomaly_window": 100, "max_anomalies": 3, "max_rollbacks": 3, "zscore": 6.0,
-    "zscore_window": 100, "weight_bound": 1e6, "lr_backoff": 0.5, "recovery_clip": 0.5, "recovery_steps": 1000,
-    "moment_reset_steps": 500}
+    "zscore_window": 100, "weight_bound": 1e6, "lr_backoff": 0.5, "recovery_clip": 0.5, "recovery_steps": 1000}
 FAULT_KINDS = ("nan_loss", "inf_loss", "nan_grad", "lr_spike", "garbage_batch")
 
 
@@ -245,7 +244,7 @@ def _guard(v: Any, p: Path_, loc: _Located) -> Any:
             raise loc.error(here, f"unknown key (expected one of: {', '.join(GUARD_DEFAULTS)})")
         if key in ("snapshot_every", "anomaly_window", "max_anomalies", "zscore_window"):
             out[key] = _int(1)(item, here, loc)
-        elif key in ("max_rollbacks", "recovery_steps", "moment_reset_steps"):
+        elif key in ("max_rollbacks", "recovery_steps"):
             out[key] = _int(0)(item, here, loc)
         elif key == "lr_backoff":
             out[key] = _num(0.0, 1.0, lo_open=True)(item, here, loc)

@@ -15,8 +15,8 @@ to the last good in-memory snapshot (taken every ``snapshot_every`` steps and at
 checkpoint, only from a clean state): weights, optimizer, scheduler and scaler come back,
 the lr is multiplied by ``lr_backoff`` (cumulative), global clipping is tightened to
 ``recovery_clip`` for ``recovery_steps`` steps and the Adam moments are reset (zeroed, with
-their step counters; ``moment_reset_steps`` is accepted and recorded, a freeze of the moments
-over that many steps is not implemented yet). The data does not rewind: the batches since the snapshot, the
+their step counters, so Adam's bias correction restarts them cleanly; a freeze of the moments
+over a number of steps is not offered). The data does not rewind: the batches since the snapshot, the
 offending ones among them, are not seen again. After ``max_rollbacks`` rollbacks the next
 trigger stops the run with a diagnosis (`diagnosis.json`) and `TrainDiverged`.
 
