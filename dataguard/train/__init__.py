@@ -2,7 +2,11 @@
 
 It reads only the run folder and imports nothing from `dataguard.stages`. Modules:
 `config` (the ``train:`` settings), `data` (shards -> tokenized examples, the weight rule),
-`sampler` (seeded, resumable curriculum sampler), `losses` (logit-adjusted CE, causal LM).
+`sampler` (seeded, resumable curriculum sampler), `losses` (logit-adjusted CE, causal LM),
+`model`/`tiny` (loading, LoRA, parameter groups), `optim` (AdamW groups, schedule, clipping),
+`checkpoint` (atomic save/load, rotation), `run_setup`/`prepare` (everything before the first
+step), `loop` (the step loop), `evaluate`, `metrics_log`, `monitor`/`guard`/`respond`/`faults`
+(detect, skip, roll back, stop; fault injection), `report*` (the training page), `convert`.
 Names are imported lazily so that reading a config does not import torch.
 """
 
@@ -17,7 +21,7 @@ _EXPORTS = {
     "encode_sft": "data", "encode_classify": "data", "length_cap": "data", "split_validation": "data",
     "run_split": "data", "prepare_data": "data", "PreparedData": "data",
     "CurriculumSampler": "sampler",
-    "Trainer": "loop",
+    "Trainer": "loop", "evaluate": "evaluate", "build_training_report": "report",
     "logit_adjusted_cross_entropy": "losses", "posthoc_adjust": "losses", "causal_lm_loss": "losses",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,65 @@
+"""The per-step metrics writer: ``metrics.jsonl`` and, when asked and installed, TensorBoard."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """metrics.jsonl (one object per line) and, when asked and installed, TensorBoard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, *, resume_step: int,
+                 warn: Callable[[str], None], enabled: bool = True) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.fh: Any = None
+        self.tb = None
+        if not enabled:
+            return
+        if self.path.exists():  # drop what a killed run logged after its last checkpoint
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.fh = open(self.path, "a")  # noqa: SIM115 - closed in close()
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+            except ImportError:
+                warn("tensorboard is not installed; metrics go to metrics.jsonl only")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.fh is None:
+            return
+        self.fh.write(json.dumps(record) + "\n")
+        self.fh.flush()
+        if self.tb is not None:
+            step = record["step"]
+            for key, value in record.items():
+                tag = f"train/{key}" if not key.startswith("eval_") else f"eval/{key[5:]}"
+                if key != "step" and _is_number(value):
+                    self.tb.add_scalar(tag, value, step)
+                elif isinstance(value, dict):  # per-layer / per-group values: one curve each
+                    for sub, x in value.items():
+                        if _is_number(x):
+                            self.tb.add_scalar(f"{tag}/{sub}", x, step)
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def progress_bar(total: int, start: int) -> Any:
+    """A tqdm bar over the optimizer steps, starting at ``start`` (a resume)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

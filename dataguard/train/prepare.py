@@ -1,0 +1,145 @@
+"""Setting up a run: the resume check, encoding the split, class tensors, the accelerator, run.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataguard.train.config import TrainConfig
+from dataguard.train.data import (
+    Encoded,
+    LabelMap,
+    RunShards,
+    TrainDataError,
+    class_vector,
+    encode_classify,
+    encode_sft,
+    length_cap,
+    tokenizer_mismatch,
+)
+from dataguard.train.errors import TrainError
+from dataguard.train.model import describe_groups, groups_record
+
+# Settings that decide the schedule, the data order or the parameters: a resume must keep them.
+RESUME_KEYS = ("task", "model", "data", "seed", "precision", "batch_size", "grad_accum", "max_steps", "epochs",
+               "lr", "warmup_ratio", "warmup_steps", "min_lr", "lr_multipliers", "lr_patterns", "lora",
+               "max_length", "packing", "eval_fraction", "curriculum", "curriculum_unit", "curriculum_boundaries")
+
+Warn = Callable[[str], None]
+
+
+def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path) -> None:
+    """Refuse a resume whose settings would not continue the same run."""
+    try:
+        saved = json.loads((latest / "state.json").read_text()).get("config") or {}
+    except (OSError, ValueError) as exc:
+        raise TrainError(f"{latest}: unreadable state.json ({exc})") from None
+    mine = cfg.to_dict()
+    changed = [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
+               if k in saved and saved[k] != mine.get(k)]
+    if changed:
+        raise TrainError(f"cannot resume {run_dir}: settings differ from its checkpoint "
+                         f"({'; '.join(changed)}); use the same settings or a new output")
+
+
+def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: LabelMap | None,
+                 train_idx: np.ndarray, val_idx: np.ndarray,
+                 warn: Warn) -> tuple[Encoded, Encoded | None, int | None]:
+    """(training examples, validation examples or None, max_length) of the split."""
+    train_table, val_table = run.table.take(train_idx), run.table.take(val_idx)
+    if cfg.task == "sft":
+        cap, counted_by = length_cap(run.manifest)
+        max_length = cfg.max_length or cap
+        if cfg.max_length is None and cap is not None:
+            mismatch = tokenizer_mismatch(counted_by, tokenizer)
+            if mismatch:
+                warn(mismatch)
+        train = encode_sft(train_table, tokenizer, max_length, packing=cfg.packing)
+        val = encode_val(lambda: encode_sft(val_table, tokenizer, max_length), len(val_idx), warn)
+        return train, val, max_length
+    assert label_map is not None
+    train = encode_classify(train_table, tokenizer, label_map, cfg.max_length)
+    val = encode_val(lambda: encode_classify(val_table, tokenizer, label_map, cfg.max_length),
+                     len(val_idx), warn)
+    return train, val, cfg.max_length
+
+
+def encode_val(encode: Callable[[], Encoded], n_rows: int, warn: Warn) -> Encoded | None:
+    """The validation examples, or None (with a note) when no row survives encoding."""
+    if not n_rows:
+        return None
+    try:
+        return encode()
+    except TrainDataError as exc:
+        warn(f"no validation: {exc}")
+        return None
+
+
+def class_tensors(cfg: TrainConfig, run: RunShards, label_map: LabelMap, enc: Encoded, device: torch.device,
+                  warn: Warn) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(logit offsets, class weights) in label-map order, on ``device``."""
+    offsets = class_vector(run.training, label_map, "logit_offsets")
+    off = (torch.tensor([math.nan if v is None else float(v) for v in offsets], device=device)
+           if offsets is not None else None)
+    weights = None
+    if cfg.class_balanced:
+        cw = class_vector(run.training, label_map, "class_weights")
+        if cw is None:  # no longtail stage: inverse frequency of the training rows, mean 1
+            counts = np.bincount(np.asarray(enc.class_ids), minlength=len(label_map)).astype(np.float64)
+            inv = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0)
+            cw = list(inv * (counts > 0).sum() / max(inv.sum(), 1e-12))
+        weights = torch.tensor([1.0 if v is None else float(v) for v in cw], dtype=torch.float32, device=device)
+    if cfg.logit_adjustment and off is None:
+        warn("logit_adjustment is on but the manifest has no logit offsets (no longtail stage); "
+             "training with plain cross-entropy")
+    return off, weights
+
+
+def make_accelerator(cfg: TrainConfig) -> Any:
+    """The `accelerate.Accelerator` for ``cfg.device`` / ``cfg.precision`` / ``cfg.grad_accum``."""
+    from accelerate import Accelerator
+    from accelerate.utils import GradScalerKwargs
+
+    cuda = torch.cuda.is_available()
+    if cfg.device == "cuda" and not cuda:
+        raise TrainError("device: cuda, but torch sees no CUDA device (use device: auto or cpu)")
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not cuda)
+    if cfg.precision == "fp16" and on_cpu:
+        raise TrainError("precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
+    release_accelerator_state(cfg.precision)
+    handlers = [GradScalerKwargs(init_scale=2.0 ** 16, growth_interval=2000)] if cfg.precision == "fp16" else []
+    return Accelerator(mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[cfg.precision],
+                       gradient_accumulation_steps=cfg.grad_accum, cpu=on_cpu, kwargs_handlers=handlers)
+
+
+def release_accelerator_state(precision: str) -> None:
+    """accelerate keeps one process-wide state; a second run in the same process (tests, a
+    notebook) with another precision would be refused. Outside a distributed launch it is
+    safe to drop and rebuild it."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if not AcceleratorState._shared_state:
+        return
+    wanted = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
+    state = AcceleratorState()
+    if PartialState().distributed_type == DistributedType.NO and str(state.mixed_precision) != wanted:
+        AcceleratorState._reset_state()
+
+
+def write_summary(run_dir: Path, cfg: TrainConfig, notes: list[str], groups: list[dict[str, Any]],
+                  lora: dict[str, Any] | None, split_source: str, enc: Encoded, val: Encoded | None, total: int,
+                  warmup: int, max_length: int | None, label_map: LabelMap | None) -> None:
+    """``param_groups.txt`` and ``run.json`` (the settings, sizes, split and notes of the run)."""
+    (run_dir / "param_groups.txt").write_text(describe_groups(groups) + "\n")
+    summary = {"config": cfg.to_dict(), "total_steps": total, "warmup_steps": warmup,
+               "max_length": max_length, "train_examples": len(enc), "val_examples": len(val) if val else 0,
+               "split": split_source, "dropped": enc.dropped, "param_groups": groups_record(groups),
+               "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes}
+    (run_dir / "run.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

@@ -1,0 +1,202 @@
+"""Building a run before its first step: seeds, data, model, optimizer, accelerator, resumed state.
+
+`setup_run` does, in order, everything `Trainer.fit` does before its loop; the RNG states of a
+resumed run are restored last, after every object is built, so that nothing draws from them
+before training (exact resume).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataguard.train import checkpoint as ckpt_mod
+from dataguard.train.config import TrainConfig
+from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedule, run_split
+from dataguard.train.errors import TrainError
+from dataguard.train.faults import FaultPlan
+from dataguard.train.guard import EventLog, Guard, JsonlLog
+from dataguard.train.metrics_log import MetricsLog
+from dataguard.train.model import (
+    apply_lora,
+    describe_groups,
+    enable_gradient_checkpointing,
+    kind_params,
+    load_model,
+)
+from dataguard.train.monitor import Monitor
+from dataguard.train.optim import GradVarianceScaler, build_optimizer, warmup_cosine, warmup_steps_for
+from dataguard.train.prepare import (
+    check_resumable,
+    class_tensors,
+    encode_split,
+    make_accelerator,
+    write_summary,
+)
+from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
+
+
+@dataclass
+class RunSetup:
+    """Everything the training loop starts from (``step``, ``history``, ``skipped``, ``best``,
+    ``lr_spike``: step 0's values, or the resumed checkpoint's)."""
+
+    accelerator: Any
+    model: Any
+    raw_model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    device: torch.device
+    main: bool
+    rank: int
+    world: int
+    kinds: Any
+    latest: Path | None
+    label_map: LabelMap | None
+    enc: Encoded
+    val: Encoded | None
+    total: int
+    sampler: CurriculumSampler
+    offsets: torch.Tensor | None
+    class_weights: torch.Tensor | None
+    pad_id: int
+    gvs: GradVarianceScaler | None
+    monitor: Monitor
+    guard: Guard | None
+    plan: FaultPlan
+    lr_spike: float
+    vocab_size: int
+    step: int
+    history: list[dict[str, Any]]
+    skipped: int
+    best: dict[str, Any]
+    metrics: MetricsLog
+    events: EventLog
+    hists: JsonlLog
+
+
+def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[str], None],
+              warn: Callable[[str], None], notes: list[str]) -> RunSetup:
+    """Seed, open the run's shards, build model/data/optimizer/accelerator and load the newest
+    checkpoint when resuming; ``notes`` (the warnings so far) go to ``run.json``."""
+    if cfg.threads is not None:
+        # On a shared or small CPU, torch's default (all cores) can be 10x slower per step
+        # than one thread; float sums may round differently per setting, so keep it fixed
+        # across a resume (it is part of the saved settings).
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed % 2 ** 32)
+    import random
+
+    random.seed(cfg.seed)
+    run = RunShards.open(cfg.data, task=cfg.task)
+    latest = ckpt_mod.latest_checkpoint(run_dir)
+    if not resume and latest is not None:
+        raise TrainError(f"{run_dir} already has checkpoints (newest {latest.name}); resume with "
+                         "--resume, or choose another output")
+    if resume and latest is not None:
+        check_resumable(cfg, run_dir, latest)
+    if resume and latest is None:
+        echo(f"no complete checkpoint in {run_dir}; starting from step 0")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    label_map = None
+    if cfg.task == "classify":
+        label_map = LabelMap.from_run(run.table, run.training)
+        if latest is not None and resume and (latest / "label_map.json").is_file():
+            label_map = LabelMap.load(latest / "label_map.json")
+    model, tokenizer = load_model(cfg.task, cfg.model, label_map=label_map)
+    lora_record = None
+    if cfg.lora:
+        model, lora_record = apply_lora(model, cfg.lora, cfg.task)
+        echo(f"LoRA: {lora_record['trainable_params']:,} trainable of {lora_record['total_params']:,} "
+                  f"parameters in {lora_record['wrapped_layers']} layers")
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+
+    train_idx, val_idx, split_source = run_split(run, cfg.eval_fraction, cfg.seed)
+    enc, val, max_length = encode_split(cfg, run, tokenizer, label_map, train_idx, val_idx, warn)
+    total = cfg.max_steps or steps_per_epoch(int(np.sum(enc.repeat)), cfg.batch_size, cfg.grad_accum) * cfg.epochs
+
+    schedule = curriculum_schedule(run.training, label_map) if (cfg.curriculum and label_map) else None
+    boundaries = cfg.curriculum_boundaries or (schedule[1] if schedule else None)
+    sampler = CurriculumSampler(len(enc), repeat=enc.repeat,
+                                class_ids=enc.class_ids if schedule else None,
+                                phase_multipliers=schedule[0] if schedule else None, boundaries=boundaries,
+                                total_steps=total, batch_size=cfg.batch_size, seed=cfg.seed,
+                                unit=cfg.curriculum_unit, grad_accum=cfg.grad_accum, epochs=cfg.epochs)
+
+    optimizer, groups = build_optimizer(model, cfg)
+    table = describe_groups(groups)
+    echo("parameter groups:\n" + table)
+    warmup = warmup_steps_for(total, cfg.warmup_ratio, cfg.warmup_steps)
+    scheduler = warmup_cosine(optimizer, total, warmup, min_lr=cfg.min_lr, base_lr=cfg.lr)
+
+    accelerator = make_accelerator(cfg)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    scaler = accelerator.scaler
+    device = accelerator.device
+    raw_model = accelerator.unwrap_model(model)
+    main = accelerator.is_main_process  # one writer of files under several processes
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if world > cfg.batch_size:
+        raise TrainError(f"batch_size {cfg.batch_size} is smaller than the {world} processes; each needs a row")
+    kinds = kind_params(raw_model)
+    offsets = class_weights = None
+    if cfg.task == "classify":
+        offsets, class_weights = class_tensors(cfg, run, label_map, enc, device, warn)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    gvs = GradVarianceScaler() if cfg.grad_variance_scaling else None
+    monitor = Monitor(raw_model)
+    guard = Guard(cfg.guard, cfg.max_grad_norm) if cfg.guard else None
+    plan = FaultPlan(cfg.faults)
+    for f in plan.faults:
+        if f.kind == "nan_grad" and f.layer is not None and f.layer not in monitor.layers:
+            raise TrainError(f"fault at step {f.step}: no layer {f.layer!r} (layers: {', '.join(monitor.names)})")
+    lr_spike = 1.0
+    vocab_size = int(getattr(raw_model.config, "vocab_size", 0) or 0) or 256
+
+    step, history, skipped = 0, [], 0
+    best: dict[str, Any] = {"metric": None, "checkpoint": None, "bad_evals": 0}
+    rng_state = None
+    if resume and latest is not None:
+        loaded = ckpt_mod.load_checkpoint(latest, raw_model, optimizer, scheduler, scaler)
+        if loaded.sampler_state:
+            sampler.load_state_dict(loaded.sampler_state)
+        step, history, rng_state = loaded.step, list(loaded.history), loaded.rng
+        skipped = int(loaded.extra.get("skipped_steps", 0))
+        best.update(loaded.extra.get("best", {}))
+        if gvs is not None and loaded.extra.get("grad_variance"):
+            gvs.load_state_dict(loaded.extra["grad_variance"])
+        if guard is not None and loaded.extra.get("guard"):
+            guard.load_state_dict(loaded.extra["guard"])
+        plan.load_state_dict(loaded.extra.get("faults") or {})
+        lr_spike = float((loaded.extra.get("faults") or {}).get("lr_spike", 1.0))
+        echo(f"resumed from {latest} at step {step}")
+    if main:
+        write_summary(run_dir, cfg, notes, groups, lora_record, split_source, enc, val, total, warmup,
+                      max_length, label_map)
+    metrics = MetricsLog(run_dir, cfg.tensorboard and main, resume_step=step, warn=warn, enabled=main)
+    resumed_at = step if resume and latest is not None else None
+    events = EventLog(run_dir if main else None, resume_step=resumed_at)
+    hists = JsonlLog(run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
+    if guard is not None:
+        guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
+    if main and label_map is not None and not (run_dir / "label_map.json").exists():
+        label_map.save(run_dir / "label_map.json")
+    if rng_state is not None:
+        ckpt_mod.restore_rng(rng_state)  # last: nothing after this may draw before training
+    return RunSetup(accelerator=accelerator, model=model, raw_model=raw_model, tokenizer=tokenizer,
+                     optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device, main=main,
+                     rank=rank, world=world, kinds=kinds, latest=latest, label_map=label_map, enc=enc,
+                     val=val, total=total, sampler=sampler, offsets=offsets, class_weights=class_weights,
+                     pad_id=pad_id, gvs=gvs, monitor=monitor, guard=guard, plan=plan, lr_spike=lr_spike,
+                     vocab_size=vocab_size, step=step, history=history, skipped=skipped, best=best,
+                     metrics=metrics, events=events, hists=hists)
