@@ -219,3 +219,20 @@ def test_kill_during_rollback_then_resume_is_consistent(data, faulty, tmp_path):
     _all_finite(tmp_path / "killed")
     metrics = [x["step"] for x in _lines(tmp_path / "killed" / "metrics.jsonl") if "loss" in x]
     assert metrics == list(range(1, 15))
+
+
+def test_monitor_values_and_histograms_reach_tensorboard(data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    Trainer(_cfg(data, run, max_steps=4, tensorboard=True, monitor_every=2, histogram_every=2)).fit()
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"histograms": 0, "scalars": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    histograms = set(acc.Tags()["histograms"])
+    assert "train/loss" in scalars
+    assert any(t.startswith("train/layer_grad_norms/") for t in scalars)
+    assert any(t.startswith("train/update_ratios/") for t in scalars)
+    assert any(t.startswith("grad_log10/layers.") for t in histograms)
+    steps = {e.step for e in acc.Histograms(sorted(histograms)[0])}
+    assert steps == {2, 4}

@@ -230,6 +230,7 @@ class Trainer:
             metrics.write(record)
             if hist is not None:
                 hists.write({"step": step, "layers": hist})
+                metrics.write_histograms(step, hist)
             stop = respond(self.run_dir, step, verdict, applied, record, rows, bad_layers, guard, events, raw_model,
                            optimizer, scheduler, scaler)
             if stop is not None:

@@ -47,6 +47,23 @@ class MetricsLog:
                         if _is_number(x):
                             self.tb.add_scalar(f"{tag}/{sub}", x, step)
 
+    def write_histograms(self, step: int, layers: dict[str, dict[str, list[float]]]) -> None:
+        """Per-layer log10 |grad| histograms to TensorBoard (the JSONL copy is written elsewhere)."""
+        if self.tb is None:
+            return
+        for layer, hist in layers.items():
+            edges, counts = hist.get("edges") or [], hist.get("counts") or []
+            total = float(sum(counts))
+            if len(edges) != len(counts) + 1 or total <= 0:
+                continue
+            centers = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
+            self.tb.add_histogram_raw(
+                f"grad_log10/{layer}", min=float(edges[0]), max=float(edges[-1]), num=total,
+                sum=sum(c * n for c, n in zip(centers, counts, strict=True)),
+                sum_squares=sum(c * c * n for c, n in zip(centers, counts, strict=True)),
+                bucket_limits=[float(e) for e in edges[1:]], bucket_counts=[float(n) for n in counts],
+                global_step=step)
+
     def close(self) -> None:
         if self.fh is not None:
             self.fh.close()
