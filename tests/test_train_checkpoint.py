@@ -11,6 +11,7 @@ import torch
 
 from dataguard.train.checkpoint import (
     COMPLETE,
+    OWNER,
     CheckpointError,
     capture_rng,
     complete_checkpoints,
@@ -83,13 +84,17 @@ def test_incomplete_checkpoints_are_ignored_and_cleaned(tmp_path):
     model, _, opt, sched = _trained(1)
     _save(tmp_path, 1, model, opt, sched)
     root = tmp_path / "checkpoints"
-    (root / "step-000005.tmp-99999").mkdir()  # a save killed before its rename
-    (root / "step-000007").mkdir()  # a folder without the marker
+    killed = root / "step-000005.tmp-99999"  # a save killed before its rename: owner file, no COMPLETE
+    killed.mkdir()
+    (killed / OWNER).write_text("written by dataguard train\n")
+    (root / "step-000007").mkdir()  # a folder without any dataguard marker: not ours
+    (root / "step-000008.tmp-99999").mkdir()  # named like a temp folder, but not ours either
     assert latest_checkpoint(tmp_path).name == "step-000001"
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_checkpoint(root / "step-000007")
     rotate(tmp_path, 2)
-    assert sorted(p.name for p in root.iterdir()) == ["step-000001"]
+    # Only what dataguard provably wrote is cleaned; a folder it did not write is never deleted.
+    assert sorted(p.name for p in root.iterdir()) == ["step-000001", "step-000007", "step-000008.tmp-99999"]
 
 
 def test_rotation_keeps_last_k_newest_and_best(tmp_path):

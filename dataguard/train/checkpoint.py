@@ -30,6 +30,8 @@ import torch
 
 COMPLETE = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{6,})$")
+_TMP_NAME = re.compile(r"^step-\d{6,}\.tmp-\d+$")
+OWNER = ".dataguard-checkpoint"
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")
 
 
@@ -118,8 +120,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp-{os.getpid()}"
     if tmp.exists():
-        shutil.rmtree(tmp)
+        _remove_ours(tmp)
     tmp.mkdir()
+    _fsync_write(tmp / OWNER, b"written by dataguard train\n")  # first file: proves the folder is ours
     from dataguard.train.model import quiet_transformers
 
     with quiet_transformers():
@@ -138,7 +141,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
         _fsync_write(tmp / "label_map.json", json.dumps(dict(label_map), indent=1).encode())
     _fsync_write(tmp / COMPLETE, b"ok\n")
     if final.exists():  # the same step saved again (e.g. a resumed run): replace it
-        shutil.rmtree(final)
+        _remove_ours(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     if keep is not None:
@@ -189,13 +192,26 @@ def rotate(run_dir: str | Path, keep: int, *, protect: Iterable[str] = ()) -> li
     removed = [p for p in done if p.name not in keep_names]
     root = checkpoint_dir(run_dir)
     for child in root.iterdir() if root.is_dir() else ():
-        if ".tmp-" in child.name and child.is_dir() and child.name.rsplit("-", 1)[-1] != str(os.getpid()):
+        interrupted = _TMP_NAME.match(child.name) and child.name.rsplit("-", 1)[-1] != str(os.getpid())
+        if interrupted and _owned(child):
             removed.append(child)
-        elif _NAME.match(child.name) and child.is_dir() and not (child / COMPLETE).is_file():
-            removed.append(child)
+    removed = [p for p in removed if _owned(p)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
+
+
+def _owned(path: Path) -> bool:
+    """A checkpoint folder dataguard wrote: its owner file (written first) or COMPLETE marker."""
+    return path.is_dir() and not path.is_symlink() and ((path / OWNER).is_file() or (path / COMPLETE).is_file())
+
+
+def _remove_ours(path: Path) -> None:
+    """Delete a checkpoint folder only if it carries dataguard's marker; refuse anything else."""
+    if not _owned(path):
+        raise CheckpointError(f"{path} exists and was not written by dataguard (no {OWNER} or {COMPLETE}); "
+                              "move it away or choose another output")
+    shutil.rmtree(path)
 
 
 # --------------------------------------------------------------------------------- loading
