@@ -272,7 +272,7 @@ class Pipeline:
         rejected_files = rejected_writer.close()
         for entry in data_files + rejected_files:
             entry["path"] = Path(entry["path"]).relative_to(output).as_posix()
-        _remove_stale_shards(output, folder, {e["path"] for e in data_files + rejected_files})
+        folder.remove_stale(("data", "rejected"), {e["path"] for e in data_files + rejected_files})
 
         stage_rows = self._stage_counts(segments, metas_by_segment)
         first = metas_by_segment[0]
@@ -335,14 +335,6 @@ class Pipeline:
             counts.setdefault(key, {"rows_in": 0, "rows_kept": 0, "rows_rejected": 0, "reasons": {}})
             counts[key]["reasons"] = dict(sorted(counts[key]["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))
         return counts
-
-
-def _remove_stale_shards(output: Path, folder: OutputFolder, current: set[str]) -> None:
-    """Delete registered shards an earlier attempt wrote that this run's outputs do not include."""
-    for rel in folder.owned():
-        if rel.startswith(("data/", "rejected/")) and rel not in current:
-            (output / rel).unlink(missing_ok=True)
-    folder.disown_missing()
 
 
 def _read_text(path: Path) -> str | None:

@@ -232,3 +232,23 @@ def test_a_full_disk_is_one_clear_error_and_resumes_once_space_is_freed(tmp_path
     result = Pipeline([], workers=1, batch_rows=500).run([rows], out)
     assert result.manifest == clean.manifest
     assert (out / "data" / "data-00000.arrow").read_bytes() == (tmp_path / "clean" / "data" / "data-00000.arrow").read_bytes()
+
+
+def test_a_registered_name_behind_a_swapped_in_link_is_not_deleted(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    Pipeline([], workers=1).run([_jsonl(tmp_path / "a.jsonl")], out)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    precious = elsewhere / "data-00000.arrow"
+    precious.write_text("a user's file that happens to share a shard's name")
+    for f in (out / "data").iterdir():
+        f.unlink()
+    (out / "data").rmdir()
+    (out / "data").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(PipelineError, match="is a link"):
+        Pipeline([], workers=1).run([_jsonl(tmp_path / "b.jsonl", tag="b")], out, fresh=True)
+    assert precious.read_text() == "a user's file that happens to share a shard's name"
+    folder = OutputFolder(out)  # the ledger's own delete refuses to follow the link as well
+    folder._owned = {"data/data-00000.arrow"}
+    folder.clean()
+    assert precious.read_text() == "a user's file that happens to share a shard's name"

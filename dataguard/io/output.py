@@ -69,6 +69,10 @@ class OutputFolder:
             self._write_marker()  # first file in the folder: from now on it is provably ours
             self._lock()
         self._check_inputs(inputs)
+        for sub in ("data", "rejected", WORK):
+            if (self.root / sub).is_symlink():  # writing through it would land outside the folder
+                raise OutputFolderError(f"{self.root / sub} is a link; dataguard writes only inside "
+                                        f"{self.root} - remove the link or choose another output folder")
 
     def release(self) -> None:
         if self._lock_fd is not None:
@@ -178,18 +182,33 @@ class OutputFolder:
         """Remove the previous run's manifest/run.json/report before any data changes."""
         for name in RUN_DESCRIPTIONS:
             if name in self._owned:
-                (self.root / name).unlink(missing_ok=True)
+                self._delete(name)
 
     def clean(self) -> None:
         """Delete every registered file and dataguard's own _work/ files; nothing else."""
         for rel in sorted(self._owned):
-            target = self.root / rel
-            if target.is_file() or target.is_symlink():
-                target.unlink()
+            self._delete(rel)
         self.clean_work()
         for sub in ("data", "rejected"):
             _rmdir_if_empty(self.root / sub)
         self.disown_missing()
+
+    def remove_stale(self, folders: tuple[str, ...], current: set[str]) -> None:
+        """Delete registered files under ``folders`` that are not in ``current`` (an earlier
+        attempt's extra shards), then forget them."""
+        for rel in self.owned():
+            if rel.startswith(tuple(f"{f}/" for f in folders)) and rel not in current:
+                self._delete(rel)
+        self.disown_missing()
+
+    def _delete(self, rel: str) -> None:
+        """Unlink one registered file, never through a symlinked folder that leads outside."""
+        target = self.root / rel
+        root = os.path.realpath(self.root)
+        if os.path.commonpath([root, os.path.realpath(target.parent)]) != root:
+            return  # a folder on the way was replaced by a link elsewhere: not ours to touch
+        if target.is_file() or target.is_symlink():
+            target.unlink()
 
     def clean_work(self) -> None:
         """Remove _work/ files whose names only dataguard uses; keep anything else."""

@@ -164,11 +164,15 @@ class Guard:
             v.anomalies.append({"cause": "weight_bound", "layer": None,
                                 "detail": f"max |w| {max_abs:.4g} > {float(self.k['weight_bound']):g}"})
             self.anomaly_steps.append(step)
-            if self.rollbacks >= int(self.k["max_rollbacks"]):
-                v.stop = True
-            else:
-                v.rollback = True
+            self._escalate(v)
         return v
+
+    def _escalate(self, v: Verdict) -> None:
+        """Roll back, or stop once ``max_rollbacks`` rollbacks have been spent."""
+        if self.rollbacks >= int(self.k["max_rollbacks"]):
+            v.stop = True
+        else:
+            v.rollback = True
 
     def _respond(self, step: int, v: Verdict) -> Verdict:
         if not v.anomalies:
@@ -178,10 +182,7 @@ class Guard:
         window = int(self.k["anomaly_window"])
         recent = [s for s in self.anomaly_steps if s > step - window]
         if len(recent) >= int(self.k["max_anomalies"]):
-            if self.rollbacks >= int(self.k["max_rollbacks"]):
-                v.stop = True
-            else:
-                v.rollback = True
+            self._escalate(v)
         return v
 
     def accept(self, loss: float, grad_norm: float) -> None:
