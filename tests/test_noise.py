@@ -93,11 +93,42 @@ def test_mask_agrees_with_cleanlab_on_our_probabilities(banking, flagged, filter
     labels = np.asarray([stage.classes_.index(lab) for lab in kept.column("label").to_pylist()])
     # same probabilities, handed in as a column, through a stage with another filter
     with_probs = banking["table"].append_column("p", pa.array(list(probs), pa.list_(pa.float64())))
-    other = NoiseStage(probabilities="p", filter_by=filter_by)
+    other = NoiseStage(probabilities="p", filter_by=filter_by, min_rows_per_class=0)
     out, _ = _run(other, with_probs, batch=250)
     expected = find_label_issues(labels, probs, filter_by=filter_by)
     assert np.array_equal(_mask(out), expected)
     assert expected.sum() > 50
+
+
+def test_rare_classes_are_never_emptied(real_data: Path):
+    """Long tail: 8 banking77 intents in full, 4 with three rows each. Without protection
+    confident learning drops rows of a 3-row class; with the default every class keeps
+    min(n, 5) rows, and the rows given back are the least suspicious of those flagged."""
+    with open(real_data / "banking77" / "train.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    classes = sorted({r["category"] for r in rows})[:12]
+    cap = {c: (3 if i >= 8 else len(rows)) for i, c in enumerate(classes)}
+    taken: dict[str, int] = {}
+    picked = []
+    for r in rows:
+        c = r["category"]
+        if c in cap and taken.get(c, 0) < cap[c]:
+            taken[c] = taken.get(c, 0) + 1
+            picked.append(r)
+    table = canonical_table([{"id": f"b:{i}", "source": "b", "messages": [{"role": "user", "content": r["text"]}],
+                              "label": r["category"]} for i, r in enumerate(picked)])
+    loose = NoiseStage(features="tfidf", classifier="sgd", action="drop", min_rows_per_class=0)
+    kept0, rej0 = _run(loose, table)
+    guarded = NoiseStage(features="tfidf", classifier="sgd", action="drop")
+    kept, rej = _run(guarded, table)
+    assert kept.num_rows + rej.num_rows == table.num_rows == kept0.num_rows + rej0.num_rows
+    before = {c: kept0.column("label").to_pylist().count(c) for c in classes}
+    after = {c: kept.column("label").to_pylist().count(c) for c in classes}
+    assert min(before[c] for c in classes[8:]) < 3          # the unprotected run thins the tail
+    assert all(after[c] == 3 for c in classes[8:])          # protected: all three rows stay
+    assert all(after[c] == before[c] for c in classes[:8])  # head classes untouched
+    # the protected mask is the loose one minus rows of short classes, best quality first
+    assert set(rej.column("id").to_pylist()) < set(rej0.column("id").to_pylist())
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +146,7 @@ def news(real_data: Path):
 
 def test_mask_agrees_with_cleanlab_on_published_20news_probabilities(news):
     pyx = np.load(news["pyx"])
-    stage = NoiseStage(probabilities=str(news["pyx"]))
+    stage = NoiseStage(probabilities=str(news["pyx"]), min_rows_per_class=0)
     kept, _ = _run(stage, news["table"], batch=2000)
     # sorted label names are the order of cleanlab's columns (sklearn's folder order)
     assert [stage.classes_.index(n) for n in kept.column("label").to_pylist()] == news["labels"].tolist()
@@ -156,7 +187,8 @@ def test_threshold_rule_flags_low_given_label_probability(flagged, banking):
     stage, kept, _ = flagged
     probs = stage.oof_probs
     with_probs = banking["table"].append_column("p", pa.array(list(probs), pa.list_(pa.float64())))
-    out, _ = _run(NoiseStage(probabilities="p", method="threshold", threshold=0.8), with_probs)
+    out, _ = _run(NoiseStage(probabilities="p", method="threshold", threshold=0.8, min_rows_per_class=0),
+                  with_probs)
     labels = np.asarray([stage.classes_.index(lab) for lab in banking["table"].column("label").to_pylist()])
     assert np.array_equal(_mask(out), probs[np.arange(len(labels)), labels] < 0.8)
 
@@ -281,6 +313,8 @@ def test_same_input_same_output_and_worst_examples(banking):
     ({"action": "delete"}, "action"),
     ({"relabel_min_confidence": 0}, "relabel_min_confidence"),
     ({"label_column": ""}, "label_column"),
+    ({"min_rows_per_class": -1}, "min_rows_per_class"),
+    ({"min_rows_per_class": 2.5}, "min_rows_per_class"),
     ({"text": "system"}, "text"),
     ({"C": -1}, "C"),
     ({"embedding_weight": 0}, "embedding_weight"),

@@ -24,6 +24,7 @@ from dataguard.train.data import (
     TrainDataError,
     class_vector,
     curriculum_schedule,
+    curriculum_unit,
     encode_classify,
     encode_sft,
     length_cap,
@@ -184,7 +185,7 @@ def test_label_map_follows_longtail_order(cls_run, tmp_path):
     offsets = class_vector(run.training, lm, "logit_offsets")
     assert offsets == run.training["longtail"]["logit_offsets"]
     mult, bounds = curriculum_schedule(run.training, lm)
-    assert bounds == [0.5, 0.8] and len(mult) == 3 and len(mult[0]) == len(lm)
+    assert bounds == [0.25, 0.5] and len(mult) == 3 and len(mult[0]) == len(lm)
     assert mult[0][0] == 1.0 and mult[2][-1] == 2.0
 
 
@@ -471,6 +472,13 @@ def test_curriculum_phases_by_steps():
     assert s3.phase == 1
 
 
+def test_curriculum_unit_comes_from_the_manifest():
+    state = {"classes": ["a"], "logit_offsets": [0.0]}
+    assert curriculum_unit({"longtail": {**state, "curriculum": {"unit": "epochs"}}}) == "epochs"
+    assert curriculum_unit({"longtail": {**state, "curriculum": {"boundaries": [0.5]}}}) == "steps"
+    assert curriculum_unit({}) == "steps"
+
+
 def test_curriculum_by_epochs():
     s = _curriculum(unit="epochs", epochs=4, total_steps=None)
     assert s.phase == 0
@@ -535,7 +543,7 @@ def test_prepare_classify(cls_run, minilm):
     assert prep.logit_offsets == run.training["longtail"]["logit_offsets"]
     assert prep.class_weights == run.training["longtail"]["class_weights"]
     mult, bounds = prep.curriculum
-    assert bounds == [0.5, 0.8]
+    assert bounds == [0.25, 0.5]
     sampler = prep.sampler(total_steps=10, batch_size=8, seed=0)
     first, mults = sampler.next_batch()
     assert all(mult[0][prep.train.class_ids[i]] > 0 for i in first) and (mults == 1.0).all()

@@ -54,9 +54,34 @@ def find_issues(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanla
         return np.asarray(find_label_issues(labels, probs, filter_by=filter_by, n_jobs=1), dtype=bool)
 
 
+def protect_rare_classes(labels: np.ndarray, is_issue: np.ndarray, quality: np.ndarray,
+                         minimum: int) -> np.ndarray:
+    """Unflag issues so that no given class keeps fewer than ``minimum`` unflagged rows.
+
+    Why: out-of-sample classifiers rarely predict a class with a handful of rows, so confident
+    learning calls most rows of a rare class mislabelled and dropping them would erase the
+    class (on a long-tailed banking77 slice it emptied 14 of 77 classes). A class with
+    ``n`` rows keeps at least ``min(n, minimum)`` of them; the flagged rows with the highest
+    label quality (least suspicious) are the ones given back, ties broken by position.
+    """
+    out = is_issue.copy()
+    if minimum <= 0 or not out.any():
+        return out
+    labels = np.asarray(labels, dtype=np.int64)
+    k = int(labels.max()) + 1
+    counts = np.bincount(labels, minlength=k)
+    kept = counts - np.bincount(labels[out], minlength=k)
+    short = np.minimum(counts, minimum) - kept
+    for c in np.flatnonzero(short > 0):
+        rows = np.flatnonzero(out & (labels == c))
+        order = np.lexsort((rows, -quality[rows].astype(np.float64)))
+        out[rows[order[:short[c]]]] = False
+    return out
+
+
 def estimate(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanlab",
              filter_by: str = "prune_by_noise_rate", threshold: float = 0.8,
-             rank_by: str = "self_confidence") -> NoiseEstimate:
+             rank_by: str = "self_confidence", min_rows_per_class: int = 0) -> NoiseEstimate:
     """Issues, quality scores and the confident joint / noise matrix for one labelled set."""
     from cleanlab.count import estimate_py_and_noise_matrices_from_probabilities, get_confident_thresholds
     from cleanlab.rank import get_label_quality_scores
@@ -70,6 +95,7 @@ def estimate(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanlab",
                              np.zeros(0), np.zeros(k), zeros.astype(np.int64), zeros)
     is_issue = find_issues(labels, probs, method=method, filter_by=filter_by, threshold=threshold)
     quality = np.asarray(get_label_quality_scores(labels, probs, method=rank_by), dtype=np.float32)
+    is_issue = protect_rare_classes(labels, is_issue, quality, min_rows_per_class)
     suggested = probs.argmax(axis=1).astype(np.int64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -5,10 +5,15 @@ Counter per batch), then writes what a training run needs to cope with a long ta
 
 - per-row ``sample_weight`` (float32): inverse frequency, effective-number class-balanced
   weights (Cui et al. 2019) or none, normalised to a mean of 1 per row;
-- per-row ``curriculum_phase`` (int8): the first phase in which the row's class is trained
-  (phase 1 = the head classes covering ``phases[0]`` of the rows, phase 2 = ``phases[1]``,
-  the last phase = all classes, with the tail classes - those entering last - up-weighted
-  by ``tail_boost``);
+- per-row ``curriculum_phase`` (int8): the first phase in which the row's class is trained.
+  Phases are by classes (most frequent first): phase 1 = the head, i.e. the classes among
+  the first ``phases[0]`` (50%) of classes whose share of the rows is >= ``head_share``
+  (1%); phase 2 = the first ``phases[1]`` (80%) of classes; the last phase = all classes,
+  with the tail classes - those entering last - up-weighted by ``tail_boost`` (x2);
+- the curriculum *schedule*: phase k runs until training progress reaches ``schedule[k-1]``
+  (fractions of the run, counted in ``schedule_unit``: optimizer steps or epochs; default
+  [0.25, 0.5], so all classes train for the second half). The runner reads it from the
+  manifest; its own ``curriculum_boundaries`` / ``curriculum_unit`` override it;
 - `training_state()`: priors, logit offsets ``tau * log(pi)`` (Menon et al. 2021), class
   order and the curriculum schedule, for the training runner (the pipeline writes it to
   the manifest's ``training`` section).
@@ -59,6 +64,7 @@ REASON_RESAMPLED_OUT = "resampled_out"
 
 def _validate(label_column: str, tau: float, weighting: str, beta: float, resample: Any,
               phases: Sequence[float], tail_boost: float, seed: int) -> None:
+    """Per-parameter checks; each error names its parameter."""
     if not isinstance(label_column, str) or not label_column:
         raise StageConfigError(f"label_column must be a non-empty string, got {label_column!r}")
     if not isinstance(tau, int | float) or isinstance(tau, bool) or not np.isfinite(tau) or tau < 0:
@@ -78,11 +84,24 @@ def _validate(label_column: str, tau: float, weighting: str, beta: float, resamp
     p = list(phases) if isinstance(phases, Sequence) and not isinstance(phases, str) else None
     if (p is None or any(not isinstance(b, int | float) or isinstance(b, bool) for b in p)
             or any(not 0.0 < b <= 1.0 for b in p) or any(b2 <= b1 for b1, b2 in zip(p, p[1:], strict=False))):
-        raise StageConfigError(f"phases must be increasing fractions in (0, 1], got {phases!r}")
+        raise StageConfigError(f"phases must be increasing fractions of the classes in (0, 1], got {phases!r}")
     if not isinstance(tail_boost, int | float) or isinstance(tail_boost, bool) or tail_boost <= 0:
         raise StageConfigError(f"tail_boost must be a number > 0, got {tail_boost!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise StageConfigError(f"seed must be an integer, got {seed!r}")
+
+
+def _validate_schedule(phases: Sequence[float], head_share: float, schedule: Any, unit: str) -> None:
+    if not isinstance(head_share, int | float) or isinstance(head_share, bool) or not 0.0 <= head_share < 1.0:
+        raise StageConfigError(f"head_share must be a fraction in [0, 1), got {head_share!r}")
+    p = list(schedule) if isinstance(schedule, Sequence) and not isinstance(schedule, str) else None
+    if (p is None or any(not isinstance(b, int | float) or isinstance(b, bool) for b in p)
+            or any(not 0.0 < b <= 1.0 for b in p) or any(b2 <= b1 for b1, b2 in zip(p, p[1:], strict=False))):
+        raise StageConfigError(f"schedule must be increasing fractions of the run in (0, 1], got {schedule!r}")
+    if len(p) != len(phases):
+        raise StageConfigError(f"schedule needs one boundary per entry of phases ({len(phases)}), got {schedule!r}")
+    if unit not in ("steps", "epochs"):
+        raise StageConfigError(f"schedule_unit must be 'steps' or 'epochs', got {unit!r}")
 
 
 class LongTailStage(Stage):
@@ -93,14 +112,20 @@ class LongTailStage(Stage):
 
     def __init__(self, *, label_column: str = "label", tau: float = 1.0, weighting: str = "inverse",
                  beta: float = 0.999, resample: str | Mapping[str, float] | None = None,
-                 phases: Sequence[float] = (0.5, 0.8), tail_boost: float = 2.0, seed: int = 0) -> None:
+                 phases: Sequence[float] = (0.5, 0.8), head_share: float = 0.01,
+                 schedule: Sequence[float] = (0.25, 0.5), schedule_unit: str = "steps",
+                 tail_boost: float = 2.0, seed: int = 0) -> None:
         _validate(label_column, tau, weighting, beta, resample, phases, tail_boost, seed)
+        _validate_schedule(phases, head_share, schedule, schedule_unit)
         self.label_column = label_column
         self.tau = float(tau)
         self.weighting = weighting
         self.beta = float(beta)
         self.resample = resample if resample is None or resample == "balanced" else dict(resample)
         self.phases = tuple(float(b) for b in phases)
+        self.head_share = float(head_share)
+        self.schedule = tuple(float(b) for b in schedule)
+        self.schedule_unit = schedule_unit
         self.tail_boost = float(tail_boost)
         self.seed = seed
         self._fitted = False
@@ -150,7 +175,7 @@ class LongTailStage(Stage):
         self.weights = class_weights(self.expected, self.weighting, self.beta)
         # head / tail is a property of the data, so the curriculum uses the original counts
         # (self.classes is already ordered head first)
-        self.class_phase = curriculum_phases(self.counts, self.phases)
+        self.class_phase = curriculum_phases(self.counts, self.phases, self.head_share)
         self._fitted = True
 
     def apply(self, batch: pa.Table) -> Outcome:
@@ -234,7 +259,10 @@ class LongTailStage(Stage):
             "beta": self.beta,
             "class_weights": [float(w) for w in self.weights],
             "curriculum": {
-                "boundaries": list(self.phases),
+                "boundaries": list(self.schedule),
+                "unit": self.schedule_unit,
+                "class_fractions": list(self.phases),
+                "head_share": self.head_share,
                 "tail_boost": self.tail_boost,
                 "class_phase": [int(p) for p in self.class_phase],
                 "phase_classes": [[c for c, p in zip(self.classes, self.class_phase, strict=True) if p == k]
@@ -290,9 +318,12 @@ class LongTailStage(Stage):
                                                    state["class_weights"], state["curriculum"]["class_phase"],
                                                    strict=True)]},
             {"type": "text", "title": "Curriculum",
-             "text": (f"Boundaries {list(self.phases)} of the rows; {phase_text}. In phase {n_phases} the tail "
-                      f"classes are weighted x{self.tail_boost}. Each row's curriculum_phase column is the "
-                      f"phase its class enters.")},
+             "text": (f"Phases by classes, most frequent first: phase 1 = the first {self.phases[0]:.0%} of "
+                      f"classes with a share >= {self.head_share:g}, then the first "
+                      f"{', '.join(f'{b:.0%}' for b in self.phases[1:]) or '-'}, then all; {phase_text}. "
+                      f"Schedule: phase k ends at {list(self.schedule)} of the run ({self.schedule_unit}). "
+                      f"In phase {n_phases} the tail classes are weighted x{self.tail_boost}. Each row's "
+                      f"curriculum_phase column is the phase its class enters.")},
         ]
         # the full training_state() goes to the manifest's "training" section (see pipeline)
         return {"title": "Long-tail rebalancing", "summary": summary, "blocks": blocks}

@@ -34,6 +34,13 @@ agreement with the given labels (short intents want ~1, long posts ~100); the
 (the suggestion outweighs all other classes together; 98% of such relabels were right on
 banking77 at 20% noise).
 
+Rare classes are protected: a row is never flagged when that would leave its given class with
+fewer than ``min_rows_per_class`` (default 5) unflagged rows; the least suspicious flagged
+rows are given back first. Out-of-sample models seldom predict a class they saw a handful of
+times, so without this rule cleaning a long-tailed set erases its tail (14 of 77 banking77
+classes at imbalance 100 and 20% noise). ``min_rows_per_class: 0`` gives cleanlab's mask
+unchanged.
+
 Probabilities handed in as a ``.npy`` file must have one row per row reaching this stage,
 in input order, with columns in ``classes`` order (default: the sorted distinct labels).
 """
@@ -110,7 +117,7 @@ class NoiseStage(Stage):
                  filter_by: str = "prune_by_noise_rate", threshold: float = 0.8,
                  rank_by: str = "normalized_margin", probabilities: str | None = None,
                  classes: Sequence[str] | None = None, action: str = "flag",
-                 relabel_min_confidence: float = 0.5, label_column: str = "label", text: str = "prompt",
+                 relabel_min_confidence: float = 0.5, min_rows_per_class: int = 5, label_column: str = "label", text: str = "prompt",
                  embedding_column: str | None = None, embedding_weight: float = 1.0,
                  model: str | None = None, batch_size: int = 64, threads: int | None = None) -> None:
         if features not in FEATURE_KINDS:
@@ -148,6 +155,8 @@ class NoiseStage(Stage):
             raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}")
         if not _is_number(relabel_min_confidence) or not 0.0 < relabel_min_confidence <= 1.0:
             raise StageConfigError(f"relabel_min_confidence must be in (0, 1], got {relabel_min_confidence!r}")
+        if not _is_int(min_rows_per_class) or min_rows_per_class < 0:
+            raise StageConfigError(f"min_rows_per_class must be an integer >= 0, got {min_rows_per_class!r}")
         if not isinstance(label_column, str) or not label_column:
             raise StageConfigError(f"label_column must be a column name, got {label_column!r}")
         if text not in TEXTS:
@@ -170,6 +179,7 @@ class NoiseStage(Stage):
         self.classes = list(classes) if classes is not None else None
         self.action = action
         self.relabel_min_confidence = float(relabel_min_confidence)
+        self.min_rows_per_class = min_rows_per_class
         self.label_column = label_column
         self.text = text
         self.embedding_column = embedding_column if embedding_column is not None else f"{text}_embedding"
@@ -291,7 +301,7 @@ class NoiseStage(Stage):
         if probs is None:
             probs = self.out_of_sample_probs(summaries, y, len(classes)) if len(y) else np.zeros((0, len(classes)))
         est = estimate(y, probs, method=self.method, filter_by=self.filter_by, threshold=self.threshold,
-                       rank_by=self.rank_by)
+                       rank_by=self.rank_by, min_rows_per_class=self.min_rows_per_class)
         relabel = est.is_issue & (est.suggested != y) & (est.suggested_prob >= self.relabel_min_confidence)
         self._classes = classes
         self._ids = pa.array(ids, pa.string())

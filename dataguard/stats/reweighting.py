@@ -89,25 +89,32 @@ def copies(factor: np.ndarray, u: np.ndarray) -> np.ndarray:
     return (base + (u < (factor - base))).astype(np.int64)
 
 
-def curriculum_phases(counts: Sequence[float] | np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
-    """Phase (1-based) in which each class enters a head-first curriculum.
+def curriculum_phases(counts: Sequence[float] | np.ndarray, class_fractions: Sequence[float],
+                      head_share: float = 0.01) -> np.ndarray:
+    """Phase (1-based) in which each class enters a head-first curriculum, by classes.
 
     Classes are ranked by count (largest first; the caller passes them already ordered).
-    Phase k admits the smallest prefix of classes whose rows cover at least
-    ``boundaries[k-1]`` of all rows; the last phase (len(boundaries) + 1) admits the rest.
+    Phase k (k <= len(class_fractions)) admits the first ``ceil(class_fractions[k-1] * C)``
+    classes; phase 1 admits only those of them whose share of the rows is at least
+    ``head_share`` (the head; always at least the largest class). The last phase
+    (len(class_fractions) + 1) admits the rest. Phases are by classes, not by shares of
+    rows: with a steep tail, row-share boundaries put a handful of classes in phase 1 and
+    leave most classes to the last phase.
     """
     n = np.asarray(counts, dtype=np.float64)
     if n.size == 0:
         return np.empty(0, dtype=np.int64)
     if (np.diff(n) > 0).any():
         raise ValueError("curriculum_phases: counts must be sorted in decreasing order")
-    cover = np.cumsum(n) / n.sum()
-    phases = np.full(n.size, len(boundaries) + 1, dtype=np.int64)
-    start = 0
-    for k, b in enumerate(boundaries, start=1):
-        # first class index whose cumulative coverage reaches b (inclusive)
-        end = int(np.searchsorted(cover, b - 1e-12, side="left")) + 1
-        end = max(end, start)
-        phases[start:end] = np.minimum(phases[start:end], k)
-        start = max(start, end)
+    c = n.size
+    phases = np.full(c, len(class_fractions) + 1, dtype=np.int64)
+    share = n / n.sum()
+    for k in range(len(class_fractions), 0, -1):
+        end = min(c, int(np.ceil(class_fractions[k - 1] * c - 1e-9)))
+        phases[:end] = k
+    if len(class_fractions):
+        head = (phases == 1) & (share >= head_share)
+        head[0] = True
+        nxt = 2 if len(class_fractions) >= 2 else len(class_fractions) + 1
+        phases[(phases == 1) & ~head] = nxt
     return phases

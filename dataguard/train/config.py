@@ -67,7 +67,7 @@ class TrainConfig:
     logit_adjustment: bool = True
     class_balanced: bool = False
     curriculum: bool = True
-    curriculum_unit: str = "steps"
+    curriculum_unit: str | None = None  # None: the manifest's unit (steps unless it says epochs)
     curriculum_boundaries: list[float] | None = None  # None: the manifest's boundaries
     lora: dict[str, Any] | None = None
     gradient_checkpointing: bool = False
@@ -133,6 +133,13 @@ def _bool(v: Any, p: Path_, loc: _Located) -> Any:
     if not isinstance(v, bool):
         raise loc.error(p, f"must be true or false, got {v!r}")
     return v
+
+
+def _optional(inner: Check) -> Check:
+    """``inner``, or null (the default applies)."""
+    def check(v: Any, p: Path_, loc: _Located) -> Any:
+        return None if v is None else inner(v, p, loc)
+    return check
 
 
 def _choice(*options: str) -> Check:
@@ -304,7 +311,7 @@ CHECKS: dict[str, Check] = {
     "logit_adjustment": _bool,
     "class_balanced": _bool,
     "curriculum": _bool,
-    "curriculum_unit": _choice("steps", "epochs"),
+    "curriculum_unit": _optional(_choice("steps", "epochs")),
     "curriculum_boundaries": _boundaries,
     "lora": _lora,
     "gradient_checkpointing": _bool,

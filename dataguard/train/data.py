@@ -281,6 +281,13 @@ def curriculum_schedule(training: dict[str, Any], label_map: LabelMap
     return mult, [float(b) for b in cur.get("boundaries", [])]
 
 
+def curriculum_unit(training: dict[str, Any]) -> str:
+    """What the manifest's schedule boundaries count: ``steps`` (default) or ``epochs``."""
+    cur = (_longtail_state(training) or {}).get("curriculum")
+    unit = cur.get("unit") if isinstance(cur, dict) else None
+    return unit if unit in ("steps", "epochs") else "steps"
+
+
 # ------------------------------------------------------------------ encoded examples
 @dataclass
 class Encoded:

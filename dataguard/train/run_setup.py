@@ -17,7 +17,7 @@ import torch
 
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
-from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedule, run_split
+from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedule, curriculum_unit, run_split
 from dataguard.train.errors import TrainError
 from dataguard.train.faults import FaultPlan
 from dataguard.train.guard import EventLog, Guard, JsonlLog
@@ -123,7 +123,10 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
 
     train_idx, val_idx, split_source = run_split(run, cfg.eval_fraction, cfg.seed)
     enc, val, max_length = encode_split(cfg, run, tokenizer, label_map, train_idx, val_idx, warn)
-    total = cfg.max_steps or steps_per_epoch(int(np.sum(enc.repeat)), cfg.batch_size, cfg.grad_accum) * cfg.epochs
+    per_epoch = steps_per_epoch(int(np.sum(enc.repeat)), cfg.batch_size, cfg.grad_accum)
+    total = cfg.max_steps or per_epoch * cfg.epochs
+    # a schedule in epochs counts the epochs the run will actually make (max_steps wins)
+    epochs = -(-total // per_epoch) if cfg.max_steps else cfg.epochs
 
     schedule = curriculum_schedule(run.training, label_map) if (cfg.curriculum and label_map) else None
     boundaries = cfg.curriculum_boundaries or (schedule[1] if schedule else None)
@@ -131,7 +134,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
                                 class_ids=enc.class_ids if schedule else None,
                                 phase_multipliers=schedule[0] if schedule else None, boundaries=boundaries,
                                 total_steps=total, batch_size=cfg.batch_size, seed=cfg.seed,
-                                unit=cfg.curriculum_unit, grad_accum=cfg.grad_accum, epochs=cfg.epochs)
+                                unit=cfg.curriculum_unit or curriculum_unit(run.training),
+                                grad_accum=cfg.grad_accum, epochs=epochs)
 
     optimizer, groups = build_optimizer(model, cfg)
     table = describe_groups(groups)
