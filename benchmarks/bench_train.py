@@ -174,8 +174,8 @@ def write_csv(path: Path, texts: list[str], labels: list[str]) -> None:
 # -------------------------------------------------------------------------- pipeline
 def pipeline_stages(arm: str) -> list[dict[str, Any]]:
     noise = {"noise": {"action": "drop"}}
-    longtail = {"longtail": {"tau": 1.0, "weighting": "none", "phases": [0.5, 0.8], "tail_boost": 2.0,
-                             "seed": 0}}
+    longtail = {"longtail": {"tau": 1.0, "weighting": "none", "phases": [0.5, 0.8], "head_share": 0.01,
+                             "schedule": [0.25, 0.5], "schedule_unit": "steps", "tail_boost": 2.0, "seed": 0}}
     return {"a": [], "b": [noise], "c": [noise, longtail]}[arm]
 
 
@@ -190,8 +190,10 @@ def run_pipeline(arm: str, train_csv: Path) -> tuple[Path, int, float]:
     config = {"inputs": [{"path": str(train_csv), "name": "banking77_noisy", "format": "labelled_text",
                           "aliases": {"category": "label"}}],
               "output": str(out), "report": False, "stages": pipeline_stages(arm)}
-    yaml_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    if (out / "manifest.json").is_file():
+    text = yaml.safe_dump(config, sort_keys=False)
+    same = yaml_path.is_file() and yaml_path.read_text() == text
+    yaml_path.write_text(text)
+    if same and (out / "manifest.json").is_file():
         manifest = json.loads((out / "manifest.json").read_text())
         return out, int(manifest["counts"]["rows_kept"]), float("nan")
     if out.exists():

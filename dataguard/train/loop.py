@@ -69,6 +69,13 @@ __all__ = ["IGNORE_INDEX", "RESUME_KEYS", "TrainDiverged", "TrainError", "TrainR
 log = logging.getLogger(__name__)
 
 
+def _across_processes(accelerator: Any, mean_loss: float, tokens: int, device: Any) -> tuple[float, int]:
+    """(mean of the processes' losses, total tokens): with equal slices and uniform weights
+    the mean of the slice losses is the batch's loss, so a run logs what one process would."""
+    both = accelerator.reduce(torch.tensor([mean_loss, float(tokens)], dtype=torch.float64, device=device), "sum")
+    return float(both[0]) / accelerator.num_processes, int(both[1])
+
+
 @dataclass
 class _ClipSettings:
     """The clipping settings of one step (the guard tightens ``max_grad_norm`` while recovering)."""
@@ -196,14 +203,13 @@ class Trainer:
                         clip_cfg = cfg if guard is None else _ClipSettings(cfg.clip_rules, guard.clip_norm(now_step))
                         clip = clip_gradients(raw_model, clip_cfg, kinds)
                         mean_loss = loss_sum / cfg.grad_accum
+                        if world > 1:  # the loss of the whole batch: every process judges and logs the same
+                            mean_loss, tokens = _across_processes(accelerator, mean_loss, tokens, device)
                         bad_layers: list[str] = []
                         if not clip.finite or not math.isfinite(mean_loss):
                             bad_layers = monitor.nonfinite_layers()
                         if guard is not None and (scaler is None or clip.finite):  # fp16 overflow: the scaler's
-                            seen = mean_loss
-                            if world > 1:  # every process must take the same decision: judge the mean loss
-                                seen = float(accelerator.reduce(torch.tensor(mean_loss, device=device), "mean"))
-                            verdict = guard.check(now_step, seen, clip.total_norm, clip.finite, bad_layers)
+                            verdict = guard.check(now_step, mean_loss, clip.total_norm, clip.finite, bad_layers)
                         applied, lr, lr_groups, ratios = _optimizer_step(
                             accelerator, optimizer, scheduler, scaler, clip, verdict, mean_loss, gvs, guard,
                             lr_spike, monitor if monitor_step else None)
@@ -216,7 +222,7 @@ class Trainer:
                     verdict = Verdict(anomalies=verdict.anomalies + weights.anomalies, skip=False,
                                       rollback=weights.rollback, stop=weights.stop)
             now = time.perf_counter()
-            record = {"step": step, "loss": loss_sum / cfg.grad_accum, "lr": lr, "grad_norm": clip.total_norm,
+            record = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": clip.total_norm,
                       "clipped": clip.clipped, "skipped": not applied, "tokens": tokens,
                       "tokens_per_s": tokens / max(now - t_last, 1e-9), "phase": sampler.phase + 1,
                       "amp_scale": float(scaler.get_scale()) if scaler is not None else None, "lr_groups": lr_groups}

@@ -135,11 +135,11 @@ def release_accelerator_state(precision: str) -> None:
 
 def write_summary(run_dir: Path, cfg: TrainConfig, notes: list[str], groups: list[dict[str, Any]],
                   lora: dict[str, Any] | None, split_source: str, enc: Encoded, val: Encoded | None, total: int,
-                  warmup: int, max_length: int | None, label_map: LabelMap | None) -> None:
+                  warmup: int, max_length: int | None, label_map: LabelMap | None, processes: int = 1) -> None:
     """``param_groups.txt`` and ``run.json`` (the settings, sizes, split and notes of the run)."""
     (run_dir / "param_groups.txt").write_text(describe_groups(groups) + "\n")
     summary = {"config": cfg.to_dict(), "total_steps": total, "warmup_steps": warmup,
-               "max_length": max_length, "train_examples": len(enc), "val_examples": len(val) if val else 0,
+               "max_length": max_length, "processes": processes, "train_examples": len(enc), "val_examples": len(val) if val else 0,
                "split": split_source, "dropped": enc.dropped, "param_groups": groups_record(groups),
                "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes}
     (run_dir / "run.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

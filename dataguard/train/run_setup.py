@@ -186,7 +186,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         echo(f"resumed from {latest} at step {step}")
     if main:
         write_summary(run_dir, cfg, notes, groups, lora_record, split_source, enc, val, total, warmup,
-                      max_length, label_map)
+                      max_length, label_map, processes=world)
     metrics = MetricsLog(run_dir, cfg.tensorboard and main, resume_step=step, warn=warn, enabled=main)
     resumed_at = step if resume and latest is not None else None
     events = EventLog(run_dir if main else None, resume_step=resumed_at)
