@@ -49,6 +49,8 @@ JOBS = {"tiny-causal-lm/sft": dict(task="sft", model="tiny-causal-lm", data=str(
         "minilm/classify": dict(task="classify", model="minilm", data=str(work / "cls"), max_length=64,
                                 batch_size=32, lr=1e-4)}
 precisions = ["bf16", "fp16"] if cuda else ["fp32", "bf16"]
+if cuda and torch.cuda.get_device_capability() >= (8, 9):
+    precisions.append("fp8")  # torchao float8 layers (full fine-tune: fp8 does not combine with LoRA)
 failed = []
 print(f"\n{'model':<20} {'precision':<9} {'variant':<11} {'ms/step':>8} {'overhead':>9} {'loss':>8} {'skipped':>7}")
 for job, base in JOBS.items():
@@ -57,7 +59,7 @@ for job, base in JOBS.items():
         for variant, extra in VARIANTS.items():
             out = work / f"run-{job.replace('/', '-')}-{precision}-{variant}"
             values = dict(base, output=str(out), max_steps=steps, precision=precision, device="auto",
-                          lora={"r": 8}, eval_every=10_000, save_every=10_000, tensorboard=False, **extra)
+                          lora={"r": 8} if precision != "fp8" else None, eval_every=10_000, save_every=10_000, tensorboard=False, **extra)
             try:
                 result = Trainer(load_train_config(values), progress=False).fit()
             except Exception as exc:  # report every failure, then exit non-zero

@@ -89,7 +89,7 @@ def test_dict_and_overrides():
 @pytest.mark.parametrize(("body", "expected"), [
     ("  lr: -1\n", r"p\.yaml:5: train\.lr: must be a positive number, got -1$"),
     ("  lrr: 0.1\n", r"p\.yaml:5: train\.lrr: unknown key \(expected one of: task, model, .*lr,"),
-    ("  precision: fp8\n", r"p\.yaml:5: train\.precision: must be one of fp32, bf16, fp16, got 'fp8'"),
+    ("  precision: fp4\n", r"p\.yaml:5: train\.precision: must be one of fp32, bf16, fp16, fp8, got 'fp4'"),
     ("  batch_size: 2.5\n", r"p\.yaml:5: train\.batch_size: must be a positive integer, got 2\.5"),
     ("  threads: 0\n", r"p\.yaml:5: train\.threads: must be a positive integer or null, got 0"),
     ("  lora:\n    r: 0\n", r"p\.yaml:6: train\.lora\.r: must be a positive integer, got 0"),

@@ -16,7 +16,7 @@ import torch
 
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
-from dataguard.train.checkpoint import latest_checkpoint, read_weights
+from dataguard.train.checkpoint import complete_checkpoints, latest_checkpoint, read_weights
 from dataguard.train.config import load_train_config
 from dataguard.train.loop import Trainer, TrainError
 
@@ -267,3 +267,23 @@ def test_training_never_writes_into_a_users_folder(tmp_path: Path) -> None:
         Trainer(cfg).fit()
     assert (user / "run.json").read_text() == "my own run.json"
     assert sorted(p.name for p in user.iterdir()) == ["run.json"]
+
+
+def test_fp8_trains_through_torchao_and_refuses_lora(sft_run, tmp_path):
+    """precision fp8: accelerate's torchao recipe swaps the inner linear layers for float8
+    ones (emulated on CPU); the loss falls, the layers' weights move, checkpoints save plain
+    tensors, and LoRA is refused up front."""
+    cfg = _sft(sft_run, tmp_path / "fp8", precision="fp8", max_steps=8, batch_size=4, save_every=4,
+               keep_checkpoints=2, eval_every=8)
+    result = Trainer(cfg).fit()
+    losses = [h["loss"] for h in result.history]
+    assert result.steps == 8 and losses[-1] < losses[0] - 0.3, losses
+    notes = json.loads((tmp_path / "fp8" / "run.json").read_text())["notes"]
+    converted = [n for n in notes if n.startswith("fp8:")]
+    assert converted and int(converted[0].split()[1]) > 0, notes
+    assert any("emulated" in n for n in notes)
+    first, last = (read_weights(p) for p in complete_checkpoints(tmp_path / "fp8"))
+    mlp = next(k for k in first if "mlp" in k and k.endswith("weight"))
+    assert not torch.equal(first[mlp], last[mlp]) and first[mlp].dtype == torch.float32
+    with pytest.raises(TrainError, match="fp8 does not combine with lora"):
+        Trainer(_sft(sft_run, tmp_path / "fp8-lora", precision="fp8", lora={"r": 4})).fit()

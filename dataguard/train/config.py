@@ -293,7 +293,7 @@ CHECKS: dict[str, Check] = {
     "seed": _int(0),
     "threads": _int(1, optional=True),
     "device": _choice("auto", "cpu", "cuda"),
-    "precision": _choice("fp32", "bf16", "fp16"),
+    "precision": _choice("fp32", "bf16", "fp16", "fp8"),
     "batch_size": _int(1),
     "grad_accum": _int(1),
     "max_steps": _int(1, optional=True),

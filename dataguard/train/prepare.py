@@ -101,6 +101,49 @@ def class_tensors(cfg: TrainConfig, run: RunShards, label_map: LabelMap, enc: En
     return off, weights
 
 
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper and newer have FP8 tensor cores
+
+
+def fp8_recipe(cfg: TrainConfig, on_cpu: bool) -> Any:
+    """accelerate's torchao FP8 recipe, after checking that this run can use it.
+
+    torchao swaps the model's inner ``nn.Linear`` layers (both dimensions divisible by 16;
+    the first and the last one stay in high precision) for float8 training layers with
+    dynamic scaling. On GPUs older than compute capability 8.9 there are no FP8 units, so
+    the run is refused rather than silently emulated; on CPU it runs emulated (useful to test
+    a configuration, never faster) with a warning.
+    """
+    import logging
+
+    # torchao logs a warning for each optional CUDA kernel it cannot load (none on CPU)
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise TrainError("precision fp8 needs torchao (pip install torchao)") from None
+    if cfg.lora:
+        raise TrainError("precision fp8 does not combine with lora (torchao would convert the adapters' "
+                         "base layers under peft); use bf16 with LoRA")
+    if not on_cpu:  # on CPU it runs emulated; setup_run says so
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < FP8_MIN_CAPABILITY:
+            raise TrainError(f"precision fp8 needs a GPU with compute capability >= 8.9 (H100, L4, RTX 40xx); "
+                             f"this one has {major}.{minor}: use bf16")
+    from accelerate.utils import AORecipeKwargs
+    from torchao.float8 import Float8LinearConfig
+
+    # plain weight tensors: the float8 all-gather wrapper (an FSDP2 optimisation) would replace
+    # the parameters the optimizer already holds, and safetensors cannot save it
+    return AORecipeKwargs(config=Float8LinearConfig(enable_fsdp_float8_all_gather=False))
+
+
+def fp8_layers(model: torch.nn.Module) -> tuple[int, int]:
+    """(linear layers training in float8, all linear layers) after ``accelerator.prepare``."""
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return sum(type(m).__name__ == "Float8Linear" for m in linear), len(linear)
+
+
 def make_accelerator(cfg: TrainConfig) -> Any:
     """The `accelerate.Accelerator` for ``cfg.device`` / ``cfg.precision`` / ``cfg.grad_accum``."""
     from accelerate import Accelerator
@@ -113,8 +156,12 @@ def make_accelerator(cfg: TrainConfig) -> Any:
     if cfg.precision == "fp16" and on_cpu:
         raise TrainError("precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
     release_accelerator_state(cfg.precision)
-    handlers = [GradScalerKwargs(init_scale=2.0 ** 16, growth_interval=2000)] if cfg.precision == "fp16" else []
-    return Accelerator(mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[cfg.precision],
+    handlers: list[Any] = []
+    if cfg.precision == "fp16":
+        handlers = [GradScalerKwargs(init_scale=2.0 ** 16, growth_interval=2000)]
+    elif cfg.precision == "fp8":
+        handlers = [fp8_recipe(cfg, on_cpu)]
+    return Accelerator(mixed_precision=MIXED_PRECISION[cfg.precision],
                        gradient_accumulation_steps=cfg.grad_accum, cpu=on_cpu, kwargs_handlers=handlers)
 
 
@@ -127,7 +174,7 @@ def release_accelerator_state(precision: str) -> None:
 
     if not AcceleratorState._shared_state:
         return
-    wanted = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
+    wanted = MIXED_PRECISION[precision]
     state = AcceleratorState()
     if PartialState().distributed_type == DistributedType.NO and str(state.mixed_precision) != wanted:
         AcceleratorState._reset_state()

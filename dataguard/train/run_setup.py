@@ -35,6 +35,7 @@ from dataguard.train.prepare import (
     check_resumable,
     class_tensors,
     encode_split,
+    fp8_layers,
     make_accelerator,
     write_summary,
 )
@@ -148,6 +149,16 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     scaler = accelerator.scaler
     device = accelerator.device
     raw_model = accelerator.unwrap_model(model)
+    if cfg.precision == "fp8":
+        converted, linear = fp8_layers(raw_model)
+        if converted == 0:
+            raise TrainError("precision fp8: no linear layer qualifies (both dimensions must be multiples of 16; "
+                             "the first and the last stay in high precision): use bf16")
+        note = f"fp8: {converted} of {linear} linear layers train in float8 (torchao, dynamic scaling)"
+        echo(note)
+        notes.append(note)
+        if device.type == "cpu":
+            warn("precision fp8 on CPU is emulated: it checks the configuration, it is not faster")
     main = accelerator.is_main_process  # one writer of files under several processes
     rank, world = accelerator.process_index, accelerator.num_processes
     if world > cfg.batch_size:
