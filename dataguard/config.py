@@ -30,6 +30,7 @@ import yaml
 from dataguard.io.readers import READERS, InputError, InputSpec
 from dataguard.stage import Stage, StageConfigError
 from dataguard.stages import STAGE_PATHS, stage_class
+from dataguard.stages.normalize_aliases import parse_alias
 
 TOP_LEVEL: dict[str, str] = {
     "inputs": "list of inputs (required)",
@@ -457,6 +458,11 @@ def _input_items(value: Any, loc: _Located, required: bool = True) -> list[dict[
         if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in aliases.items()):
             raise loc.error(here + ("aliases",), "must be a mapping of source field -> canonical field")
+        for src, dst in aliases.items():  # path syntax: dataguard/stages/normalize_aliases.py
+            try:
+                parse_alias(src, dst)
+            except ValueError as exc:
+                raise loc.error(here + ("aliases", src), str(exc)) from None
         name = item.get("name") or Path(item["path"]).name
         if name in (other["name"] for other in items):
             raise loc.error(here + ("name",), f"duplicate input name {name!r}; names must be unique")

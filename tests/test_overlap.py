@@ -22,7 +22,7 @@ from dataguard.text.normalize_text import NormalizeConfig, normalize_batch
 REFS = ["gsm8k_test", "humaneval", "truthfulqa", "mt_bench"]
 COLUMNS = {"overlap_ratio": pa.float64(), "overlap_longest": pa.int64(), "overlap_ngrams": pa.int64(),
            "overlap_ref_set": pa.string(), "overlap_ref_item": pa.string(), "overlap_ref_coverage": pa.float64(),
-           "contaminated": pa.bool_()}
+           "overlap_exact": pa.bool_(), "contaminated": pa.bool_()}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,17 @@ def test_planted_copies_found_and_near_misses_short_and_clean_rows_not(fitted, p
         by_kind.setdefault(_kind(row), []).append(row)
     for kind in POSITIVE_KINDS:
         got = by_kind[kind]
-        assert all(r["contaminated"] for r in got), (fitted.mode, kind, [r["id"] for r in got if not r["contaminated"]])
+        missed = [r for r in got if not r["contaminated"]]
+        if fitted.mode == "word" and kind == "partial":
+            # intra-word punctuation is deleted (``int(a)`` -> ``inta``), so a 60 % window of a
+            # short code solution can hold fewer than 13 words: the only misses allowed
+            for r in missed:
+                window = r["messages"][1]["content"].rsplit("\n\n", 1)[1]
+                words = normalize_batch([window], fitted.norm)[0].split()
+                assert json.loads(r["meta"])["set"] == "humaneval" and len(words) < fitted.n, r["id"]
+            got = [r for r in got if r not in missed]
+        else:
+            assert not missed, (fitted.mode, kind, [r["id"] for r in missed])
         # attributed to the planted example (a field of it that is fully inside, e.g. the
         # TruthfulQA question of a planted question+answer, counts as the same example)
         for r in got:
@@ -88,7 +98,7 @@ def test_planted_copies_found_and_near_misses_short_and_clean_rows_not(fitted, p
             assert r["overlap_ref_item"].split("#")[0] == meta["item"].split("#")[0]
     for r in by_kind["verbatim"] + by_kind["edited"] + by_kind["embedded"]:
         assert r["overlap_ref_coverage"] == 1.0
-    for r in by_kind["partial"]:
+    for r in [r for r in by_kind["partial"] if r["contaminated"]]:  # the misses were checked above
         assert r["overlap_ref_coverage"] >= 0.5 and r["overlap_ratio"] < 1.0
     # near misses share fewer than n consecutive tokens: not a single matching n-gram
     assert all(r["overlap_ngrams"] == 0 and not r["contaminated"] for r in by_kind["near_miss"])
@@ -141,8 +151,11 @@ def test_drop_rejects_with_reason_and_detail(planted):
     assert set(out.kept.column("id").to_pylist()).isdisjoint(out.rejected.column("id").to_pylist())
     assert set(out.rejected.column("reason").to_pylist()) == {"contamination"}
     assert not any(out.kept.column("contaminated").to_pylist())
-    detail = out.rejected.column("detail")[0].as_py()
-    assert "item" in detail and "%" in detail and "threshold" in detail
+    details = out.rejected.column("detail").to_pylist()
+    ngram = [d for d in details if not d.startswith("exact copy")]
+    assert ngram and all("item" in d and "%" in d and "threshold" in d for d in ngram)
+    exact = [d for d in details if d.startswith("exact copy")]  # verbatim copies: the item is named
+    assert exact and all("gsm8k_test item gsm8k_test/" in d or "humaneval item HumanEval/" in d for d in exact)
     kinds = Counter(_kind(json.loads(r)) for r in out.rejected.column("record").to_pylist())
     assert set(kinds) <= set(POSITIVE_KINDS)
 
@@ -246,7 +259,7 @@ def test_user_reference_files_with_field_mapping(tmp_path, alpaca, real_data):
                                                     {"role": "assistant", "content": text}]}]
     r = stage.apply(canonical_table(rows)).kept.to_pylist()[0]
     assert r["contaminated"] and r["overlap_ref_set"] == "mmlu_val" and r["overlap_ref_item"] == f"q{long_q}"
-    info = {i["set"]: i for i in stage._set_info}
+    info = {i["set"]: i for i in stage.fitted().set_info}
     assert info["pqbench"]["items"] == 200 and info["csvbench"]["items"] > 40
 
 
@@ -294,7 +307,8 @@ def test_rows_without_messages_or_content():
     ({"threshold": 0}, "threshold"), ({"ref_threshold": 1.5}, "ref_threshold"),
     ({"references": ["nope"]}, "references"), ({"references": [{"name": "x", "path": "/no/such.jsonl",
                                                                 "fields": ["a"]}]}, "references"),
-    ({"normalize": {"lower": True}}, "normalize"), ({"roles": ["robot"]}, "roles"),
+    ({"normalize": {"lower": True}}, "normalize"), ({"normalize": {"intraword": "yes"}}, "normalize"),
+    ({"roles": ["robot"]}, "roles"),
     ({"references": [], "validation_sources": []}, "references"), ({"validation_sources": [3]}, "validation_sources"),
 ])
 def test_config_errors_name_the_parameter(kwargs, param):

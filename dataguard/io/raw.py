@@ -78,6 +78,9 @@ class SourceOptions:
 
     name: str
     format: str = "auto"  # auto | alpaca | sharegpt | messages | dolly | prompt_completion | labelled_text
-    aliases: dict[str, str] = field(default_factory=dict)  # source field -> canonical field name
+    # source field path -> canonical field (``question: instruction``, ``conversations[].speaker:
+    # from``, ``entities.uid: user_id``; syntax in dataguard/stages/normalize_aliases.py)
+    aliases: dict[str, str] = field(default_factory=dict)
     text_field: str | None = None  # for labelled_text: which column holds the text
     label_field: str | None = None  # for labelled_text: which column holds the label
+    path: str | None = None  # the input's file, named in errors (e.g. an alias that matched nothing)

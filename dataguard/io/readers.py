@@ -92,6 +92,7 @@ class InputSpec:
         return SourceOptions(
             name=str(self.name), format=self.format, aliases=dict(self.aliases),
             text_field=self.text_field, label_field=self.label_field,
+            path=str(self.path) if self.path is not None else None,
         )
 
     def resolved_reader(self) -> str:

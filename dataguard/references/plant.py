@@ -16,6 +16,10 @@ useful to anyone who wants to check a scan configuration on their own data. Kind
 * ``short``     - a row with fewer than 13 tokens in total (must not be flagged).
 * ``clean``     - an untouched training row (must not be flagged).
 
+:func:`edit_punctuation` makes a harder edit for benchmarks: every run of punctuation inside a
+word (``Zack's``, ``3/5``, ``10-foot``, ``<<16-3-4=9>>``) deleted or changed to another mark,
+or split by a space with ``spaced=True``.
+
 Only items with at least ``min_words`` words are planted, so a 60 % window still spans more
 than 13 tokens (shorter items cannot be found by any 13-gram method).
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +36,11 @@ KINDS = ("verbatim", "edited", "embedded", "partial", "near_miss", "short", "cle
 POSITIVE_KINDS = ("verbatim", "edited", "embedded", "partial")
 SHORT_TEXTS = [("Hi!", "Hello! How can I help?"), ("Thanks.", "You're welcome."), ("2+2?", "4"),
                ("Say yes.", "Yes."), ("Translate 'chat'.", "Cat.")]
+
+
+def edit_case_and_spacing(text: str, rng: random.Random) -> str:
+    """The ``edited`` kind's edit: case, trailing punctuation, whitespace."""
+    return _edit(text, rng)
 
 
 def _edit(text: str, rng: random.Random) -> str:
@@ -47,6 +57,23 @@ def _edit(text: str, rng: random.Random) -> str:
         out.append(w)
     seps = [" ", "  ", "\n", " \t ", " "]
     return "".join(w + rng.choice(seps) for w in out).strip()
+
+
+_INTRA_WORD = re.compile(r"(?<=[^\W_])(?:[^\w\s]|_)+(?=[^\W_])")
+_MARKS = ("'", "-", "/", ".", ",", ":", "’", "–", "·")
+
+
+def edit_punctuation(text: str, rng: random.Random, spaced: bool = False) -> str:
+    """``text`` with every run of punctuation between two letters/digits deleted (half of
+    them) or replaced by another mark (the other half); ``spaced``: replaced by a space."""
+    def swap(m: re.Match[str]) -> str:
+        if spaced:
+            return " "
+        if rng.random() < 0.5:
+            return ""
+        return rng.choice([c for c in _MARKS if c != m.group()])
+
+    return _INTRA_WORD.sub(swap, text)
 
 
 def _near_miss_chunks(text: str, budget: int, count: Callable[[str], int]) -> list[str]:

@@ -28,9 +28,12 @@ Templates (auto-detected in this order, by their anchor fields):
   ``label``. When this format is forced, a 2-element list row ``[text, label]`` (CLINC150)
   is accepted too. Labelled text has no assistant turn and is not checked for one.
 
-Aliases (``SourceOptions.aliases``, source field -> canonical field, e.g. ``question ->
-instruction``, ``intent -> label``) rename top-level fields before detection; a renamed
-field wins over one already there, whose value is kept in meta as ``"<name>:shadowed"``.
+Aliases (``SourceOptions.aliases`` per input, ``aliases`` of the normalizer for every input;
+source path -> destination, e.g. ``question -> instruction``, ``conversations[].speaker ->
+from``, ``entities.uid -> user_id``) rename or move fields before detection; a renamed field
+wins over one already there, whose value is kept as ``"<name>:shadowed"``. The path syntax
+and rules are in ``dataguard/stages/normalize_aliases.py``. An alias that matched no record
+of its input is an error when the run's statistics are absorbed (``absorb``).
 
 A record's ``label`` (string, integer or boolean, e.g. KTO's desirable flag) becomes the
 ``label`` column as a string (booleans as ``"true"``/``"false"``); an empty or blank string
@@ -52,14 +55,12 @@ Checks on conversational formats, with their reason codes:
   or tool turn. Two user turns in a row are allowed (people send two messages), and so
   are two assistant turns (a reply, then a call): chat templates that need strict
   alternation can merge them, and rejecting them would lose real data.
-* ``unfilled_placeholder``: a template slot left in the text, ``{{name}}`` /
-  ``{{ user.name }}`` or ``<<name>>`` (identifier-like contents only). Single braces
-  ``{name}`` are NOT flagged (code and JSON in answers are full of them), text inside
-  Markdown code (fenced blocks and inline backticks) is skipped (a Jinja/Vue answer may
-  legitimately contain ``{{ x }}``), a ``{{`` directly after a letter, digit, ``}``,
-  backslash (LaTeX ``\\frac{{a}}``) or ``$`` (GitHub Actions ``${{ github.repository }}``,
-  seen in kto_en_demo prompts) is ignored, and ``<<48/2=24>>`` (GSM8K calculator
-  annotations) does not look like an identifier.
+* ``unfilled_placeholder``: a template slot left in the text: ``{{name}}`` / ``{{ user.name }}``
+  or ``<<name>>`` by default, with an identifier inside (so ``<< impossible>>``, ``a < b > c``
+  and GSM8K's ``<<48/2=24>>`` are text); ``{name}``, ``<name>`` and ``[name]`` when
+  ``placeholder_styles`` asks for them. Markdown code, HTML tags, special tokens and
+  ``${{ ... }}`` / LaTeX braces are never slots. The rule and why the single-bracket shapes
+  are opt-in: ``dataguard/stages/normalize_placeholders.py``.
 * ``unknown_role`` (a role name we cannot map), ``disallowed_role`` (mapped role not in
   ``allowed_roles``), ``wrong_type`` (a field or content of the wrong JSON type),
   ``non_text_content`` (an image/audio content part), ``missing_field`` (a forced format's
@@ -69,14 +70,16 @@ Checks on conversational formats, with their reason codes:
   first, this covers records built in Python), ``too_deep`` (a record built in Python that
   nests too deeply to encode). Reader errors (``invalid_json``, ``invalid_utf8``,
   ``too_deep``, ``record_too_large``, ...) pass through with the raw text in ``record``.
+
+Modules: ``normalize_templates`` (detect, map and check one record), ``normalize_flat`` (the
+column-wise fast path for plain Alpaca rows), ``normalize_aliases`` (alias paths),
+``normalize_placeholders`` (the slot rule); this one builds the tables and statistics.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -95,372 +98,35 @@ from dataguard.records import (
     safe_text,
 )
 from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.normalize_aliases import (
+    AliasPlan,
+    alias_counts,
+    alias_plan,
+    apply_aliases,
+    unmatched_alias,
+)
 from dataguard.stages.normalize_flat import (
     FlatRows,
-    may_hold_placeholder,
     plain_alpaca_rows,
     rows_with_surrogates,
     two_turn_messages,
     without_rows,
 )
+from dataguard.stages.normalize_placeholders import DEFAULT_STYLES, find_placeholders
+from dataguard.stages.normalize_placeholders import placeholder_styles as _styles
+from dataguard.stages.normalize_templates import Mapped as _Mapped
+from dataguard.stages.normalize_templates import Reject as _Reject
+from dataguard.stages.normalize_templates import check_mapped as _check
+from dataguard.stages.normalize_templates import map_record as _map_record
 
 FORMATS = ("alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
 STAGE_NAME = "normalize"
 
-ROLE_MAP = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "bot": "assistant", "model": "assistant",
-    "chatgpt": "assistant", "function_call": "assistant",
-    "system": "system", "developer": "system",
-    "observation": "tool", "tool": "tool", "function": "tool", "ipython": "tool",
-}
-CALL_ROLES = frozenset({"function_call"})
-LABEL_CANDIDATES = ("label", "intent", "category")
 MAX_EXAMPLES_PER_REASON = 3
 MAX_EXAMPLES = 20
 SNIPPET_CHARS = 300
 
-_CODE_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
-_INLINE_CODE = re.compile(r"`[^`\n]*`")
-_PLACEHOLDER = re.compile(
-    r"(?<![\\\w}$])\{\{\s*[A-Za-z_][\w.\-]*(?:\s*\|\s*[\w.\-]+)*\s*\}\}"
-    r"|(?<!<)<<\s*[A-Za-z_][\w.\-]*\s*>>(?!>)"
-)
-
-
-class _Reject(Exception):
-    """Raised inside the per-record mappers; carries the reason code and detail."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.detail = detail
-
-
-@dataclass
-class _Mapped:
-    fmt: str
-    turns: list[tuple[str, str]]
-    label: str | None
-    meta: dict[str, Any]
-    call_turns: list[int] = field(default_factory=list)
-    meta_json: str | None = None  # set once the row passed every check
-
-
-def find_placeholders(text: str) -> list[str]:
-    """Unfilled template slots in `text`, ignoring Markdown code (see module docstring)."""
-    if not may_hold_placeholder(text):
-        return []
-    if "`" in text:
-        text = _INLINE_CODE.sub(" ", _CODE_FENCE.sub(" ", text))
-    return _PLACEHOLDER.findall(text)
-
-
-def _label_str(value: Any, name: str) -> str | None:
-    """A label as text; an empty or blank string is no label (not a class of its own)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value if value.strip() else None
-    if isinstance(value, int):
-        return str(value)
-    raise _Reject("wrong_type", f"field {name!r} must be a string, integer or boolean, got {type(value).__name__}")
-
-
-def _opt_str(rec: dict[str, Any], name: str) -> str | None:
-    value = rec.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _Reject("wrong_type", f"field {name!r} must be a string, got {type(value).__name__}")
-    return value
-
-
-def _req_str(rec: dict[str, Any], name: str, missing: str) -> str:
-    value = _opt_str(rec, name)
-    if value is None:
-        raise _Reject(missing, f"field {name!r} is missing")
-    return value
-
-
-def _join(*parts: str | None) -> str:
-    return "\n".join(p for p in parts if p)
-
-
-def _content_text(value: Any, where: str) -> str:
-    """A message content: a string, or a list of text parts (OpenAI / LLaMA-Factory style)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for j, part in enumerate(value):
-            if isinstance(part, str):
-                texts.append(part)
-                continue
-            if not isinstance(part, dict):
-                raise _Reject("wrong_type", f"{where}: content part {j} is a {type(part).__name__}, not an object")
-            kind = part.get("type", "text")
-            if kind != "text":
-                raise _Reject("non_text_content", f"{where}: content part {j} has type {kind!r}")
-            text = part.get("text", part.get("value"))
-            if not isinstance(text, str):
-                raise _Reject("wrong_type", f"{where}: content part {j} has no text string")
-            texts.append(text)
-        return "\n".join(texts)
-    raise _Reject("wrong_type", f"{where}: content must be a string or a list of parts, got {type(value).__name__}")
-
-
-def _map_turns(turns: Any, field_name: str, meta: dict[str, Any]) -> tuple[list[tuple[str, str]], list[int]]:
-    """Map a list of {role, content} / {from, value} turns; extra turn keys go to meta."""
-    if not isinstance(turns, list):
-        raise _Reject("wrong_type", f"field {field_name!r} must be a list of turns, got {type(turns).__name__}")
-    out: list[tuple[str, str]] = []
-    calls: list[int] = []
-    extras: dict[str, dict[str, Any]] = {}
-    for i, turn in enumerate(turns):
-        where = f"{field_name}[{i}]"
-        if not isinstance(turn, dict):
-            raise _Reject("wrong_type", f"{where} is a {type(turn).__name__}, not an object")
-        role_key = "role" if "role" in turn else "from"
-        raw_role = turn.get(role_key)
-        if raw_role is None:
-            raise _Reject("unknown_role", f"{where} has no 'role' or 'from'")
-        if not isinstance(raw_role, str):
-            raise _Reject("wrong_type", f"{where}: role must be a string, got {type(raw_role).__name__}")
-        role = ROLE_MAP.get(raw_role.strip().lower())
-        if role is None:
-            raise _Reject("unknown_role", f"{where} has role {raw_role!r}")
-        content_key = "content" if "content" in turn else "value"
-        content = turn.get(content_key)
-        call = turn.get("tool_calls") or turn.get("function_call")
-        is_call = raw_role.strip().lower() in CALL_ROLES
-        if call is not None and role == "assistant" and (content is None or content == ""):
-            content, is_call = json_dumps(call), True
-        elif content is None:
-            raise _Reject("wrong_type", f"{where} has no content")
-        text = _content_text(content, where)
-        used = {role_key, content_key} | ({"tool_calls", "function_call"} if is_call and call is not None else set())
-        rest = {k: v for k, v in turn.items() if k not in used and v is not None}
-        if rest:
-            extras[str(len(out))] = rest
-        if is_call:
-            calls.append(len(out))
-        out.append((role, text))
-    if extras:
-        meta["turn_fields"] = extras
-    return out, calls
-
-
-def _map_conversation(rec: dict[str, Any], key: str, fmt: str) -> _Mapped:
-    meta: dict[str, Any] = {}
-    turns, calls = _map_turns(rec[key], key, meta)
-    system = _opt_str(rec, "system")
-    if system:
-        turns.insert(0, ("system", system))
-        calls = [c + 1 for c in calls]
-    used = {key, "system", "label"}
-    if "chosen" in rec and rec["chosen"] is not None:
-        chosen = rec["chosen"]
-        if isinstance(chosen, dict):
-            chosen_turns, _ = _map_turns([chosen], "chosen", {})
-            chosen_text = chosen_turns[0][1]
-        else:
-            chosen_text = _content_text(chosen, "chosen")
-        turns.append(("assistant", chosen_text))
-        rejected = rec.get("rejected")
-        if isinstance(rejected, dict):
-            rejected = rejected.get("value", rejected.get("content"))
-        meta["rejected"] = rejected
-        used |= {"chosen", "rejected"}
-    label = _label_str(rec.get("label"), "label")
-    for k, v in rec.items():
-        if k not in used and v is not None:
-            meta[k] = v
-    return _Mapped(fmt, turns, label, meta, calls)
-
-
-def _map_alpaca(rec: dict[str, Any]) -> _Mapped:
-    instruction = _req_str(rec, "instruction", "missing_field")
-    query = _opt_str(rec, "input")
-    output = _req_str(rec, "output", "missing_assistant")
-    turns: list[tuple[str, str]] = []
-    system = _opt_str(rec, "system")
-    if system:
-        turns.append(("system", system))
-    history = rec.get("history")
-    if history is not None:
-        if not isinstance(history, list):
-            raise _Reject("wrong_type", f"field 'history' must be a list of [query, answer], got {type(history).__name__}")
-        for i, pair in enumerate(history):
-            if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
-                raise _Reject("wrong_type", f"history[{i}] must be a [query, answer] pair of strings")
-            turns += [("user", pair[0]), ("assistant", pair[1])]
-    turns += [("user", _join(instruction, query)), ("assistant", output)]
-    used = {"instruction", "input", "output", "system", "history", "label"}
-    return _Mapped("alpaca", turns, _label_str(rec.get("label"), "label"), _rest(rec, used))
-
-
-def _map_dolly(rec: dict[str, Any]) -> _Mapped:
-    instruction = _req_str(rec, "instruction", "missing_field")
-    context = _opt_str(rec, "context")
-    response = _req_str(rec, "response", "missing_assistant")
-    label = _label_str(rec.get("category"), "category")
-    if label is None:
-        label = _label_str(rec.get("label"), "label")
-    turns = [("user", _join(instruction, context)), ("assistant", response)]
-    return _Mapped("dolly", turns, label, _rest(rec, {"instruction", "context", "response", "category", "label"}))
-
-
-def _map_prompt_completion(rec: dict[str, Any]) -> _Mapped:
-    prompt = _req_str(rec, "prompt", "missing_field")
-    key = "completion" if rec.get("completion") is not None else "chosen"
-    completion = rec.get(key)
-    if completion is None:
-        raise _Reject("missing_assistant", "field 'completion' is missing")
-    if not isinstance(completion, str):
-        raise _Reject("wrong_type", f"field {key!r} must be a string, got {type(completion).__name__}")
-    turns: list[tuple[str, str]] = []
-    system = _opt_str(rec, "system")
-    if system:
-        turns.append(("system", system))
-    turns += [("user", prompt), ("assistant", completion)]
-    return _Mapped("prompt_completion", turns, _label_str(rec.get("label"), "label"),
-                   _rest(rec, {"prompt", "completion", "chosen", "system", "label"}))
-
-
-def _label_field(rec: dict[str, Any], options: SourceOptions) -> str | None:
-    if options.label_field:
-        return options.label_field
-    return next((k for k in LABEL_CANDIDATES if k in rec), None)
-
-
-def _map_labelled(rec: Any, options: SourceOptions) -> _Mapped:
-    if isinstance(rec, list | tuple):
-        if len(rec) != 2:
-            raise _Reject("not_an_object", f"a list row must be [text, label], got {len(rec)} items")
-        text, label = rec
-        if not isinstance(text, str):
-            raise _Reject("wrong_type", f"text must be a string, got {type(text).__name__}")
-        return _Mapped("labelled_text", [("user", text)], _required_label(label, "label"), {})
-    text_field = options.text_field or "text"
-    label_field = _label_field(rec, options)
-    text = _req_str(rec, text_field, "missing_field")
-    if label_field is None or rec.get(label_field) is None:
-        raise _Reject("missing_field", f"no label field ({options.label_field or ' / '.join(LABEL_CANDIDATES)})")
-    label = _required_label(rec[label_field], label_field)
-    return _Mapped("labelled_text", [("user", text)], label, _rest(rec, {text_field, label_field}))
-
-
-def _required_label(value: Any, name: str) -> str:
-    label = _label_str(value, name)
-    if label is None:
-        raise _Reject("missing_field", f"label field {name!r} is empty")
-    return label
-
-
-def _rest(rec: dict[str, Any], used: set[str]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items() if k not in used and v is not None}
-
-
-def _detect(rec: dict[str, Any], options: SourceOptions) -> str:
-    if "messages" in rec:
-        return "messages"
-    if "conversations" in rec:
-        return "sharegpt"
-    if "instruction" in rec and "instances" in rec and "output" not in rec:
-        raise _Reject("unknown_format", "nested Self-Instruct record (instruction + instances): "
-                      "flatten the instances into Alpaca rows first")
-    if "instruction" in rec:
-        return "dolly" if ("response" in rec or "context" in rec) and "output" not in rec else "alpaca"
-    if "prompt" in rec:
-        return "prompt_completion"
-    if (options.text_field or "text") in rec and _label_field(rec, options) is not None:
-        return "labelled_text"
-    keys = ", ".join(sorted(rec)[:8]) or "none"
-    raise _Reject("unknown_format", f"no template fits the fields ({keys})")
-
-
-_ANCHORS = {
-    "messages": "messages", "sharegpt": "conversations", "alpaca": "instruction",
-    "dolly": "instruction", "prompt_completion": "prompt",
-}
-
-
-def _map_record(rec: Any, options: SourceOptions) -> _Mapped:
-    forced = options.format
-    if not isinstance(rec, dict):
-        if forced == "labelled_text" and isinstance(rec, list | tuple):
-            return _map_labelled(rec, options)
-        raise _Reject("not_an_object", f"record is a {type(rec).__name__}, not a JSON object")
-    fmt = _detect(rec, options) if forced == "auto" else forced
-    if fmt in _ANCHORS and _ANCHORS[fmt] not in rec:
-        raise _Reject("missing_field", f"format {fmt} needs field {_ANCHORS[fmt]!r}")
-    if fmt == "messages":
-        return _map_conversation(rec, "messages", "messages")
-    if fmt == "sharegpt":
-        return _map_conversation(rec, "conversations", "sharegpt")
-    if fmt == "alpaca":
-        return _map_alpaca(rec)
-    if fmt == "dolly":
-        return _map_dolly(rec)
-    if fmt == "prompt_completion":
-        return _map_prompt_completion(rec)
-    return _map_labelled(rec, options)
-
-
-def _check(mapped: _Mapped, allowed: frozenset[str], check_placeholders: bool) -> None:
-    """Structural checks on the mapped conversation; raises _Reject on the first failure."""
-    turns = mapped.turns
-    for i, (role, _) in enumerate(turns):
-        if role not in allowed:
-            raise _Reject("disallowed_role", f"turn {i} has role {role!r} (allowed: {', '.join(sorted(allowed))})")
-    if mapped.fmt == "labelled_text":
-        if not turns[0][1].strip():
-            raise _Reject("empty_prompt", "the text is empty")
-    else:
-        roles = [r for r, _ in turns]
-        if "assistant" not in roles:
-            raise _Reject("missing_assistant", f"no assistant turn among {len(turns)} turns")
-        started = False
-        for i, role in enumerate(roles):
-            if role == "system":
-                if started:
-                    raise _Reject("bad_role_order", f"system turn at position {i} after the conversation started")
-                continue
-            if not started and role != "user":
-                raise _Reject("bad_role_order", f"first non-system turn (position {i}) is {role}, not user")
-            started = True
-            if role == "tool" and roles[i - 1] not in ("assistant", "tool"):
-                raise _Reject("bad_role_order", f"tool turn at position {i} follows {roles[i - 1]}, not a call")
-        if roles[-1] != "assistant":
-            raise _Reject("missing_assistant", f"conversation ends with a {roles[-1]} turn that has no answer")
-        for i, (role, text) in enumerate(turns):
-            if role == "assistant" and not text.strip():
-                raise _Reject("empty_assistant", f"assistant turn at position {i} is empty")
-        if not any(text.strip() for role, text in turns if role == "user"):
-            raise _Reject("empty_prompt", "no user turn has any text")
-    if check_placeholders:
-        for i, (role, text) in enumerate(turns):
-            slots = find_placeholders(text)
-            if slots:
-                shown = ", ".join(sorted(set(slots))[:5])
-                raise _Reject("unfilled_placeholder", f"{role} turn {i} has unfilled template slots: {shown}")
-
-
-def _apply_aliases(rec: dict[str, Any], aliases: dict[str, str], applied: Counter[str]) -> dict[str, Any]:
-    """Rename source fields to canonical ones; a renamed field wins over one already there."""
-    if not aliases or not any(k in rec for k in aliases):
-        return rec
-    out = {k: v for k, v in rec.items() if k not in aliases}
-    for src, dst in aliases.items():
-        if src in rec:
-            if dst in out and dst not in aliases:
-                out[f"{dst}:shadowed"] = out[dst]
-            out[dst] = rec[src]
-            applied[f"{src}->{dst}"] += 1
-    return out
+__all__ = ["FORMATS", "Normalizer", "find_placeholders"]
 
 
 def _without_nulls(rec: dict[str, Any]) -> dict[str, Any]:
@@ -518,9 +184,16 @@ class Normalizer(Stage):
 
     name = STAGE_NAME
 
-    def __init__(self, *, check_placeholders: bool = True, allowed_roles: Iterable[str] = ROLES) -> None:
+    def __init__(self, *, check_placeholders: bool = True, allowed_roles: Iterable[str] = ROLES,
+                 placeholder_styles: Iterable[str] | None = None, aliases: Mapping[str, str] | None = None) -> None:
         if not isinstance(check_placeholders, bool):
             raise StageConfigError(f"check_placeholders must be true or false, got {check_placeholders!r}")
+        if aliases is not None and not (isinstance(aliases, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())):
+            raise StageConfigError(f"aliases must be a mapping of source field -> canonical field, got {aliases!r}",
+                                   param="aliases")
+        self.aliases: dict[str, str] = dict(aliases or {})
+        alias_plan(self.aliases, {}, "(every input)")  # a bad path is a config error now, not in a worker
         if isinstance(allowed_roles, str) or not isinstance(allowed_roles, Iterable):
             raise StageConfigError(f"allowed_roles must be a list of roles, got {allowed_roles!r}")
         roles = list(allowed_roles)
@@ -528,6 +201,7 @@ class Normalizer(Stage):
         if bad or not roles:
             raise StageConfigError(f"allowed_roles must be a non-empty subset of {list(ROLES)}, got {roles!r}")
         self.check_placeholders = check_placeholders
+        self.placeholder_styles = _styles(placeholder_styles)
         self.allowed_roles = frozenset(roles)
         self._totals: dict[str, Any] = _empty_stats()
 
@@ -549,7 +223,10 @@ class Normalizer(Stage):
         aliases_applied: Counter[str] = Counter()
         mapped_rows: list[tuple[int, _Mapped, str | None]] = []
         rejects: list[dict[str, Any]] = []
-        flat = plain_alpaca_rows(batch.records, batch.errors, options, self.allowed_roles, self.check_placeholders)
+        plan = alias_plan(self.aliases, options.aliases, options.name)
+        styles = self.placeholder_styles if self.check_placeholders else None
+        flat = FlatRows([], [], []) if plan else plain_alpaca_rows(
+            batch.records, batch.errors, options, self.allowed_roles, self.check_placeholders, styles=styles)
         if len(flat.index) == len(batch):
             slow_rows: list[int] | range = []
         elif not flat.index:
@@ -558,7 +235,7 @@ class Normalizer(Stage):
             taken = set(flat.index)
             slow_rows = [i for i in range(len(batch)) if i not in taken]
         for i in slow_rows:
-            self._one_record(batch, i, options, aliases_applied, mapped_rows, rejects)
+            self._one_record(batch, i, options, plan, aliases_applied, mapped_rows, rejects)
         try:
             kept = self._kept_table(batch, mapped_rows, flat)
         except UnicodeEncodeError:
@@ -568,7 +245,7 @@ class Normalizer(Stage):
             bad = rows_with_surrogates(flat)
             flat = without_rows(flat, bad)
             for i in bad:
-                self._one_record(batch, i, options, aliases_applied, mapped_rows, rejects)
+                self._one_record(batch, i, options, plan, aliases_applied, mapped_rows, rejects)
             rejects.sort(key=lambda r: r["row"])
             mapped_rows.sort(key=lambda m: m[0])
             kept = self._kept_table(batch, mapped_rows, flat)
@@ -590,6 +267,8 @@ class Normalizer(Stage):
         stats["formats"] = dict(sorted(formats.items()))
         stats["reasons"] = dict(Counter(r["reason"] for r in rejects))
         stats["aliases"] = dict(aliases_applied)
+        if plan:
+            stats["alias_inputs"] = {options.name: alias_counts(batch, options, self.aliases, aliases_applied)}
         per_reason: Counter[str] = Counter()
         for r in rejects:
             if per_reason[r["reason"]] < MAX_EXAMPLES_PER_REASON:
@@ -598,8 +277,9 @@ class Normalizer(Stage):
                                           "text": _snippet(r["record"])})
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
-    def _one_record(self, batch: RawBatch, i: int, options: SourceOptions, aliases_applied: Counter[str],
-                    mapped_rows: list[tuple[int, _Mapped, str | None]], rejects: list[dict[str, Any]]) -> None:
+    def _one_record(self, batch: RawBatch, i: int, options: SourceOptions, plan: AliasPlan,
+                    aliases_applied: Counter[str], mapped_rows: list[tuple[int, _Mapped, str | None]],
+                    rejects: list[dict[str, Any]]) -> None:
         """The per-record path for row i: appends to ``mapped_rows`` or to ``rejects``."""
         error = batch.errors[i]
         if error is not None:
@@ -612,13 +292,15 @@ class Normalizer(Stage):
         own_id: str | None = None
         try:
             if isinstance(rec, dict):
-                rec = _apply_aliases(_without_nulls(rec), options.aliases, aliases_applied)
+                rec = _without_nulls(rec)
+                if plan:
+                    rec = apply_aliases(rec, plan, aliases_applied)
                 own = rec.get("id")
                 if isinstance(own, str | int) and not isinstance(own, bool) and str(own) != "":
                     own_id = str(own)
                     rec = {k: v for k, v in rec.items() if k != "id"}
             mapped = _map_record(rec, options)
-            _check(mapped, self.allowed_roles, self.check_placeholders)
+            _check(mapped, self.allowed_roles, self.placeholder_styles if self.check_placeholders else None)
             if own_id is not None:
                 mapped.meta["source_id"] = own_id
             if mapped.call_turns:
@@ -680,35 +362,20 @@ class Normalizer(Stage):
         )
 
     def absorb(self, stats: Sequence[Any]) -> None:
+        """Merge the batches' statistics; then an alias that matched no record of its input
+        (or, given to the normalizer for every input, of any input) is an ``InputError``."""
         for s in stats:
             if s is not None:
                 _merge_stats(self._totals, s)
+        problem = unmatched_alias(self._totals.get("alias_inputs", {}))
+        if problem is not None:
+            from dataguard.io.bounded import InputError
+
+            raise InputError(problem)
 
     def describe(self) -> dict[str, Any]:
-        t = self._totals
-        formats = sorted(t["formats"].items(), key=lambda kv: (-kv[1], kv[0]))
-        reasons = sorted(t["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))
-        blocks: list[dict[str, Any]] = [
-            {"type": "bar", "title": "Detected templates (kept rows)", "labels": [k for k, _ in formats],
-             "series": {"rows": [v for _, v in formats]}},
-        ]
-        if reasons:
-            blocks.append({"type": "bar", "title": "Rejected rows by reason", "labels": [k for k, _ in reasons],
-                           "series": {"rows": [v for _, v in reasons]}})
-        if t["aliases"]:
-            blocks.append({"type": "table", "title": "Field aliases applied", "columns": ["alias", "rows"],
-                           "rows": [[k, v] for k, v in sorted(t["aliases"].items())]})
-        if t["examples"]:
-            blocks.append({"type": "examples", "title": "Rejected examples",
-                           "items": [{"id": e["id"], "label": e["reason"], "text": e["text"], "note": e["detail"]}
-                                     for e in t["examples"]]})
-        return {
-            "title": "Template normalization",
-            "summary": {"rows_in": t["rows_in"], "kept": t["kept"], "rejected": t["rows_in"] - t["kept"],
-                        "check_placeholders": self.check_placeholders},
-            "blocks": blocks,
-        }
-
+        styles = self.placeholder_styles if self.check_placeholders else None
+        return _describe(self._totals, self.check_placeholders, styles)
 
 def _empty_stats() -> dict[str, Any]:
     return {"rows_in": 0, "kept": 0, "formats": {}, "reasons": {}, "aliases": {}, "examples": []}
@@ -720,6 +387,13 @@ def _merge_stats(total: dict[str, Any], s: dict[str, Any]) -> None:
     for key in ("formats", "reasons", "aliases"):
         for k, v in s[key].items():
             total[key][k] = total[key].get(k, 0) + v
+    for source, counts in s.get("alias_inputs", {}).items():
+        into = total.setdefault("alias_inputs", {}).setdefault(
+            source, {"path": counts["path"], "records": 0, "input": {}, "global": {}})
+        into["records"] += counts["records"]
+        for scope in ("input", "global"):
+            for k, v in counts[scope].items():
+                into[scope][k] = into[scope].get(k, 0) + v
     per_reason = Counter(e["reason"] for e in total["examples"])
     for e in s["examples"]:
         if len(total["examples"]) >= MAX_EXAMPLES:
@@ -727,3 +401,28 @@ def _merge_stats(total: dict[str, Any], s: dict[str, Any]) -> None:
         if per_reason[e["reason"]] < MAX_EXAMPLES_PER_REASON:
             per_reason[e["reason"]] += 1
             total["examples"].append(e)
+
+
+def _describe(t: dict[str, Any], check_placeholders: bool, styles: tuple[str, ...] | None) -> dict[str, Any]:
+    """The report blocks of the merged statistics (styles are shown only when not the default)."""
+    formats = sorted(t["formats"].items(), key=lambda kv: (-kv[1], kv[0]))
+    reasons = sorted(t["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))
+    blocks: list[dict[str, Any]] = [
+        {"type": "bar", "title": "Detected templates (kept rows)", "labels": [k for k, _ in formats],
+         "series": {"rows": [v for _, v in formats]}},
+    ]
+    if reasons:
+        blocks.append({"type": "bar", "title": "Rejected rows by reason", "labels": [k for k, _ in reasons],
+                       "series": {"rows": [v for _, v in reasons]}})
+    if t["aliases"]:
+        blocks.append({"type": "table", "title": "Field aliases applied", "columns": ["alias", "rows"],
+                       "rows": [[k, v] for k, v in sorted(t["aliases"].items())]})
+    if t["examples"]:
+        blocks.append({"type": "examples", "title": "Rejected examples",
+                       "items": [{"id": e["id"], "label": e["reason"], "text": e["text"], "note": e["detail"]}
+                                 for e in t["examples"]]})
+    summary = {"rows_in": t["rows_in"], "kept": t["kept"], "rejected": t["rows_in"] - t["kept"],
+               "check_placeholders": check_placeholders}
+    if styles is not None and styles != DEFAULT_STYLES:
+        summary["placeholder_styles"] = list(styles)
+    return {"title": "Template normalization", "summary": summary, "blocks": blocks}

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from dataguard.io.raw import SourceOptions
+from dataguard.stages.normalize_placeholders import DEFAULT_STYLES, may_hold_placeholder
+
+__all__ = ["FlatRows", "may_hold_placeholder", "plain_alpaca_rows", "two_turn_messages"]
 
 PLAIN_KEYS = frozenset({"instruction", "input", "output"})
 
@@ -33,15 +37,11 @@ class FlatRows:
     assistant: list[str]
 
 
-def may_hold_placeholder(text: str) -> bool:
-    """Whether the text contains "{{" or "<<" (a possible unfilled template slot). The
-    one-character tests run as memchr; ``"{{" in text`` alone is ~15x slower in CPython."""
-    return ("{" in text and "{{" in text) or ("<" in text and "<<" in text)
-
-
 def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], options: SourceOptions,
-                      allowed_roles: frozenset[str], check_placeholders: bool) -> FlatRows:
-    """The rows of a batch that are plain Alpaca records passing every normalization check."""
+                      allowed_roles: frozenset[str], check_placeholders: bool,
+                      styles: tuple[str, ...] | None = DEFAULT_STYLES) -> FlatRows:
+    """The rows of a batch that are plain Alpaca records passing every normalization check
+    (``styles``: the placeholder shapes checked, see normalize_placeholders.py)."""
     empty = FlatRows([], [], [])
     if options.format not in ("auto", "alpaca") or options.aliases or not {"user", "assistant"} <= allowed_roles:
         return empty
@@ -56,10 +56,12 @@ def plain_alpaca_rows(records: Sequence[Any], errors: Sequence[str | None], opti
     # The user turn: instruction and input joined by "\n", empty parts skipped (as _join does).
     users = [(a + "\n" + b if b else a) if a else b for _, a, b, _ in rows]
     outs = [t[3] for t in rows]
-    # Checks: both turns have text; no "{{" / "<<" that could be an unfilled slot (those rows
-    # take the per-record path, which knows about code blocks and GSM8K annotations).
-    if check_placeholders:
-        ok = [bool(u.strip()) and bool(o.strip()) and not may_hold_placeholder(u) and not may_hold_placeholder(o)
+    # Checks: both turns have text; nothing that could be an unfilled slot (for the default
+    # styles: no "{{" / "<<"; those rows take the per-record path, which knows about code
+    # blocks, identifiers and GSM8K annotations).
+    if check_placeholders and styles is not None:
+        may = may_hold_placeholder if styles == DEFAULT_STYLES else partial(may_hold_placeholder, styles=styles)
+        ok = [bool(u.strip()) and bool(o.strip()) and not may(u) and not may(o)
               for u, o in zip(users, outs, strict=True)]
     else:
         ok = [bool(u.strip()) and bool(o.strip()) for u, o in zip(users, outs, strict=True)]

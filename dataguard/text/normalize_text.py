@@ -10,6 +10,11 @@ Two paths that apply the same rules:
   shown or masked: it keeps, for every output character, the index of the input character
   it came from, so spans found on the normalised text map back onto the user's text.
 
+With ``intraword`` (opt-in; the overlap stage turns it on), a run of punctuation *between
+two letters or digits* is deleted instead of becoming a space (``Zack's`` -> ``zacks``,
+``3/5`` -> ``35``, ``10-foot`` -> ``10foot``), so a copy whose intra-word punctuation was
+deleted or changed normalises to the same words as the original.
+
 Normalised documents have words separated by single spaces and start with one space, so a
 BPE tokenizer sees every word in the same " word" form wherever it occurs (a reference item
 embedded mid-sentence tokenizes like the item on its own).
@@ -40,6 +45,7 @@ class NormalizeConfig:
     punctuation: bool = True  # punctuation and symbols (ASCII and Unicode P*/S*) -> space
     whitespace: bool = True  # every run of whitespace -> one space
     digits: bool = True  # False: digits are folded away (spaces), so changed numbers still match
+    intraword: bool = False  # with punctuation: punctuation between two letters/digits is deleted
 
     @classmethod
     def from_param(cls, value: bool | Mapping[str, Any] | NormalizeConfig | None) -> NormalizeConfig:
@@ -63,7 +69,13 @@ class NormalizeConfig:
 
     @property
     def identity(self) -> bool:
-        return not (self.lowercase or self.nfkc or self.punctuation or self.whitespace or not self.digits)
+        return not (self.lowercase or self.nfkc or self.punctuation or self.whitespace or self.intraword
+                    or not self.digits)
+
+    @property
+    def joins_words(self) -> bool:
+        """Intra-word punctuation is deleted (it only applies when punctuation is folded)."""
+        return self.intraword and self.punctuation
 
     def as_dict(self) -> dict[str, bool]:
         return asdict(self)
@@ -89,7 +101,19 @@ class _UnicodeFold(dict):
         return value
 
 
+class _UnicodeMark(_UnicodeFold):
+    """Like :class:`_UnicodeFold`, but punctuation and symbols become an ASCII mark (``'``)
+    instead of a space, so the byte pass can tell intra-word punctuation from spacing."""
+
+    def __missing__(self, cp: int) -> str | None:
+        value = _MARK if unicodedata.category(chr(cp))[0] in "PS" else super().__missing__(cp)
+        self[cp] = value
+        return value
+
+
+_MARK = "'"
 _UNICODE_FOLD = _UnicodeFold()
+_UNICODE_MARK = _UnicodeMark()
 _UNICODE_SPACE_ONLY = {cp: " " for cp in (0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
                                            0x202F, 0x205F, 0x3000)}
 
@@ -132,6 +156,35 @@ def _fold_non_ascii_space(match: re.Match[str]) -> str:
     return match.group().translate(_UNICODE_SPACE_ONLY)
 
 
+def _mark_non_ascii(match: re.Match[str]) -> str:
+    return match.group().translate(_UNICODE_MARK)
+
+
+# byte / code point classes for intra-word punctuation; every code >= 128 is a word
+# character (by then non-ASCII punctuation is a mark and non-ASCII spacing a space)
+_IS_PUNCT = np.array([0x21 <= c < 0x7F and not chr(c).isalnum() for c in range(256)], dtype=bool)
+_IS_WORD = np.array([c >= 128 or chr(c).isalnum() for c in range(256)], dtype=bool)
+
+
+def _intraword_drop(codes: np.ndarray) -> np.ndarray:
+    """Positions of the characters (bytes or code points) in runs of ASCII punctuation that
+    sit between two word characters, e.g. the ``'`` of ``zack's`` or the ``-`` of ``10-foot``."""
+    cls = codes if codes.dtype == np.uint8 else np.minimum(codes, 255)
+    punct = _IS_PUNCT[cls]
+    if len(punct) < 3:
+        return np.zeros(0, np.int64)
+    # a run can only be inner if it neither starts at 0 nor ends at the last character
+    starts = np.flatnonzero(punct[1:] & ~punct[:-1]) + 1
+    ends = np.flatnonzero(punct[:-1] & ~punct[1:]) + 1
+    if punct[0]:  # the run at 0 has its end first in ``ends``: drop that end
+        ends = ends[1:]
+    starts = starts[: len(ends)]  # a run reaching the last character has no end
+    inner = _IS_WORD[cls[starts - 1]] & _IS_WORD[cls[ends]]
+    starts, ends = starts[inner], ends[inner]
+    lengths = ends - starts
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+
+
 # ---------------------------------------------------------------------------------------
 # Hot path
 # ---------------------------------------------------------------------------------------
@@ -153,6 +206,8 @@ def normalize_joined(texts: Sequence[str], cfg: NormalizeConfig, collapse: bool 
     if big.count(_SEP) != len(texts):  # a text holds NUL itself: treat it as whitespace
         big = sep + sep.join(t.replace(_SEP, " ") for t in texts)
     buf = np.frombuffer(big.encode("utf-8"), dtype=np.uint8)
+    if cfg.joins_words:
+        buf = np.delete(buf, _intraword_drop(buf))
     buf = _lut_for(cfg)[buf]
     if cfg.whitespace and collapse:  # word mode splits on any whitespace run: no need
         buf = _collapse_spaces(buf)
@@ -165,7 +220,9 @@ def _prepare_non_ascii(text: str, cfg: NormalizeConfig) -> str:
         text = unicodedata.normalize("NFKC", text)
     if cfg.lowercase:
         text = text.lower()
-    if cfg.punctuation:
+    if cfg.joins_words:  # punctuation -> a mark the byte pass deletes inside words
+        text = _NON_ASCII_RUN.sub(_mark_non_ascii, text)
+    elif cfg.punctuation:
         text = _NON_ASCII_RUN.sub(_fold_non_ascii, text)
     elif cfg.whitespace:
         text = _NON_ASCII_RUN.sub(_fold_non_ascii_space, text)
@@ -234,6 +291,8 @@ def normalize_with_offsets(text: str, cfg: NormalizeConfig) -> tuple[str, np.nda
     """
     if cfg.identity:
         return text, np.arange(len(text), dtype=np.int64)
+    if cfg.joins_words:
+        return _with_offsets_joining(text, cfg)
     lut = _lut_for(cfg)
     chars: list[str] = []
     src: list[int] = []
@@ -252,5 +311,42 @@ def normalize_with_offsets(text: str, cfg: NormalizeConfig) -> tuple[str, np.nda
         chars.pop()
         src.pop()
     if cfg.whitespace and len(chars) == 1:  # nothing but the leading space: empty document
+        chars, src = [], []
+    return "".join(chars), np.asarray(src, dtype=np.int64)
+
+
+def _with_offsets_joining(text: str, cfg: NormalizeConfig) -> tuple[str, np.ndarray]:
+    """:func:`normalize_with_offsets` with intra-word punctuation deleted: the characters
+    before the byte table (NFKC, lower, Unicode punctuation as a mark), then the same
+    intra-word deletion as the hot path, then the byte table and space collapsing."""
+    raw: list[str] = []
+    raw_src: list[int] = []
+    for i, ch in enumerate(text):
+        piece = " " if ch == _SEP else unicodedata.normalize("NFKC", ch) if cfg.nfkc and not ch.isascii() else ch
+        if cfg.lowercase:
+            piece = piece.lower()
+        for c in piece:
+            folded = c if c.isascii() else _UNICODE_MARK[ord(c)]
+            if folded is not None:
+                raw.append(folded)
+                raw_src.append(i)
+    codes = np.fromiter((ord(c) for c in raw), dtype=np.int64, count=len(raw))
+    keep = np.ones(len(raw), dtype=bool)
+    keep[_intraword_drop(codes)] = False
+    lut = _lut_for(cfg)
+    chars: list[str] = [" "] if cfg.whitespace else []
+    src: list[int] = [0] if cfg.whitespace else []
+    for c, i, k in zip(raw, raw_src, keep.tolist(), strict=True):
+        if not k:
+            continue
+        c = chr(lut[ord(c)]) if ord(c) < 128 else c
+        if cfg.whitespace and c == " " and chars and chars[-1] == " ":
+            continue
+        chars.append(c)
+        src.append(i)
+    if cfg.whitespace and len(chars) > 1 and chars[-1] == " ":
+        chars.pop()
+        src.pop()
+    if cfg.whitespace and len(chars) == 1:
         chars, src = [], []
     return "".join(chars), np.asarray(src, dtype=np.int64)

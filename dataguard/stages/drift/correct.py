@@ -1,0 +1,89 @@
+"""Which column the drift stage corrects, its ratios, and each row's expected uses.
+
+One column is corrected: ``target``, or by default the major column with the highest PSI;
+correction is skipped (with a note) when fewer than ``MIN_SUPPORT`` of the training rows
+fall in bins or categories the reference has. The ratio of a bin (or category) is reference
+share / training share, clipped at ``max_weight``; with label strata (resample) each row's
+ratio is multiplied by its class factor (see `dataguard.stages.drift.strata`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataguard.stages.drift.measure import counter_pair
+from dataguard.stages.drift.reference import categories
+from dataguard.stages.drift.strata import row_scales, stratum_scales
+from dataguard.stats.features import numeric_feature
+from dataguard.stats.psi import bin_index, category_keys, shares
+
+if TYPE_CHECKING:
+    from dataguard.stages.drift.stage import DriftStage
+
+MIN_SUPPORT = 0.5  # below this share of training rows inside the reference's support, no correction
+
+
+def choose_correction(st: DriftStage) -> None:
+    """The corrected column, its ratios, and (resample with labels) the strata factors."""
+    major = sorted((c for c, r in st.results.items() if r["verdict"] == "major"),
+                   key=lambda c: -st.results[c]["psi"])
+    st.corrected = (st.target if st.target in major else None) if st.target else \
+        (major[0] if major else None)
+    c = st.corrected
+    st.correction_note = None
+    st.ratios = {}
+    st.cat_ratios = {}
+    st.scales = {}
+    st.keepers = frozenset()
+    if st.correct and c is not None:
+        inside = support(st, c)
+        if inside < MIN_SUPPORT:
+            st.correction_note = (f"correction of {c!r} skipped: only {inside:.1%} of the training rows fall "
+                                  f"in bins/categories the reference has (< {MIN_SUPPORT:.0%}); reweighting "
+                                  f"cannot create what the training data lacks")
+            c = None
+    if st.correct and c in st.columns:
+        st.ratios[c] = shares(st.ref_counts[c], st.epsilon) / shares(st.train_counts[c], st.epsilon)
+    elif st.correct and c in st.categorical:
+        keys = category_keys(st.ref_cats[c], st.train_cats[c])
+        ref, act = counter_pair(st.ref_cats[c], st.train_cats[c])
+        st.cat_ratios[c] = dict(zip(keys, (shares(ref, st.epsilon) / shares(act, st.epsilon)).tolist(),
+                                    strict=True))
+    strata = st._strata
+    if strata is not None and c is not None:
+        st.keepers = frozenset(i for _, i in strata["keepers"].values())
+        per_class = strata["num"].get(c) if c in st.columns else strata["cat"].get(c)
+        if per_class is not None and len(per_class) >= 2:  # c is not the label column itself
+            st.scales = stratum_scales(strata, c, st.ratios.get(c), st.cat_ratios.get(c), st.max_weight)
+
+
+def support(st: DriftStage, c: str) -> float:
+    """Share of training rows in bins/categories that also hold reference rows."""
+    if c in st.columns:
+        train, ref = st.train_counts[c], st.ref_counts[c]
+        total = train.sum()
+        return float(train[ref > 0].sum() / total) if total else 0.0
+    total = sum(st.train_cats[c].values())
+    inside = sum(v for k, v in st.train_cats[c].items() if st.ref_cats[c].get(k, 0) > 0)
+    return float(inside / total) if total else 0.0
+
+
+def expected_uses(st: DriftStage, batch: pa.Table) -> np.ndarray:
+    """Expected uses per row: the clipped ratio of its bin, times its class factor."""
+    w = np.ones(batch.num_rows, dtype=np.float64)
+    for c, ratio in st.ratios.items():
+        w *= ratio[bin_index(numeric_feature(batch, c), st.ref_edges[c])]
+    for c, mapping in st.cat_ratios.items():
+        keys = list(mapping)
+        ratio = np.array([mapping[k] for k in keys] + [1.0], dtype=np.float64)
+        pos = pc.index_in(categories(batch, c), value_set=pa.array(keys, pa.string()), skip_nulls=False)
+        w *= ratio[np.asarray(pos.fill_null(len(keys)).to_numpy(zero_copy_only=False), dtype=np.int64)]
+    w = np.minimum(w, st.max_weight)
+    if st.scales and st.label_column in batch.column_names:
+        w *= row_scales(batch, st.label_column, st.scales)
+    return w
+

@@ -1,0 +1,246 @@
+"""DriftStage: the stage contract (summarize / fit / apply / absorb) over the drift modules."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dataguard.records import empty_rejected, reject_rows, set_column
+from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.drift import describe as _describe
+from dataguard.stages.drift.correct import choose_correction, expected_uses
+from dataguard.stages.drift.measure import (
+    column_result,
+    counter_pair,
+    label_report,
+    measure_samples,
+    merge_summaries,
+)
+from dataguard.stages.drift.params import check
+from dataguard.stages.drift.reference import (
+    TEXT_ROLES,
+    categories,
+    feature_sample,
+    load_reference,
+    reduce_reference,
+    text_sample,
+)
+from dataguard.stages.drift.strata import batch_strata, keeper_mask
+from dataguard.stats.features import has_feature, numeric_feature
+from dataguard.stats.kl import DEFAULT_KL_THRESHOLDS
+from dataguard.stats.mmd import DEFAULT_MMD_THRESHOLDS, DEFAULT_PERMUTATIONS
+from dataguard.stats.psi import (
+    DEFAULT_EPSILON,
+    DEFAULT_THRESHOLDS,
+    bin_counts,
+)
+from dataguard.stats.repeat import (
+    REPEAT_COLUMN,
+    REPEAT_TYPE,
+    draw_repeat,
+    multiplicity,
+    weighted_value_counts,
+)
+
+REASON_RESAMPLED_OUT = "drift_resampled_out"
+
+
+class DriftStage(Stage):
+    """PSI, KL, MMD and a text domain classifier vs a reference; optional correction."""
+
+    name = "drift"
+    needs_fit = True
+
+    def __init__(self, *, reference: Any, columns: Sequence[str] = ("prompt_chars",),
+                 categorical: Sequence[str] = ("label",), text: bool | str = True, bins: int = 10,
+                 epsilon: float = DEFAULT_EPSILON, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+                 kl_thresholds: Sequence[float] = DEFAULT_KL_THRESHOLDS,
+                 auc_thresholds: Sequence[float] = (0.6, 0.75), mmd_thresholds: Sequence[float] = DEFAULT_MMD_THRESHOLDS,
+                 mmd_sample: int = 500, mmd_permutations: int = DEFAULT_PERMUTATIONS, text_sample: int = 1000,
+                 correct: str | None = None, target: str | None = None, max_weight: float = 10.0,
+                 weight_column: str | None = None, label_column: str | None = "label", seed: int = 0) -> None:
+        p = check({k: v for k, v in locals().items() if k not in ("self", "reference", "__class__")})
+        for key, value in p.items():
+            setattr(self, key, value)
+        self._load(reference)
+        self._fitted = False
+        self.ratios: dict[str, np.ndarray] = {}
+        self.cat_ratios: dict[str, dict[Any, float]] = {}
+        self.scales: dict[Any, float] = {}  # per-class factors of stratified resampling
+        self.keepers: frozenset[str] = frozenset()  # one row id per class, drawn at least once
+        self.corrected: str | None = None
+        self.correction_note: str | None = None
+        self.text_auc: float | None = None
+        self.mmd: dict[str, dict[str, Any] | None] = {}  # "features" / "text" -> test result
+        self._after: dict[str, Any] | None = None
+        self._rows_resampled_out = 0
+        self._rows_repeated = 0
+
+    def _load(self, reference: Any) -> None:
+        if reference is None or not isinstance(reference, pa.Table | str | Path | Mapping):
+            raise StageConfigError(f"reference must be a path, an input mapping or a table, got {type(reference).__name__}")
+        try:
+            ref = load_reference(reference)
+            self.ref = reduce_reference(ref, self.columns, self.categorical, self.text, self.bins, self.seed,
+                                        self.text_sample, self.mmd_sample, self.label_column)
+        except StageConfigError:
+            raise
+        except ValueError as e:
+            raise StageConfigError(str(e), param="reference") from None
+        except Exception as e:  # noqa: BLE001 - any read failure is a configuration error here
+            raise StageConfigError(f"reference could not be read: {e}", param="reference") from e
+        self.reference_rows = self.ref.rows
+        self.ref_edges, self.ref_counts, self.ref_range = self.ref.edges, self.ref.counts, self.ref.ranges
+        self.ref_cats, self.ref_texts = self.ref.cats, self.ref.texts
+
+    # -- contract ---------------------------------------------------------------------------
+    def output_columns(self) -> dict[str, pa.DataType]:
+        cols = {"drift_weight": pa.float32()}
+        if self.correct == "resample":
+            cols[REPEAT_COLUMN] = REPEAT_TYPE
+        return cols
+
+    def _label(self, batch: pa.Table) -> str | None:
+        """The label column when the data has it (a configured one must exist)."""
+        if self.label_column is None:
+            return None
+        if self.label_column in batch.column_names:
+            return self.label_column
+        if "label_column" in self.params():
+            raise StageConfigError(f"label_column {self.label_column!r} is not in the data "
+                                   f"(columns: {batch.column_names})", param="label_column")
+        return None
+
+    def _check_batch(self, batch: pa.Table) -> None:
+        cols = batch.column_names
+        missing = [c for c in self.columns if not has_feature(cols, c)] + \
+            [c for c in self.categorical if c not in cols] + \
+            ([self.weight_column] if self.weight_column and self.weight_column not in cols else [])
+        if missing:
+            raise StageConfigError(f"columns {missing} are not in the data and cannot be derived (columns: {cols})")
+
+    def _row_weights(self, batch: pa.Table) -> np.ndarray | None:
+        """How much each training row counts: ``weight_column`` x ``repeat`` (None = 1 each)."""
+        w = multiplicity(batch)
+        if self.weight_column is not None:
+            v = np.nan_to_num(numeric_feature(batch, self.weight_column), nan=1.0)
+            w = v if w is None else w * v
+        return w
+
+    def summarize(self, batch: pa.Table) -> dict[str, Any]:
+        """Exact per-bin and per-category counts, min/max, bounded samples, label strata."""
+        self._check_batch(batch)
+        label = self._label(batch)
+        rw = self._row_weights(batch)
+        numeric: dict[str, np.ndarray] = {}
+        ranges: dict[str, tuple[float, float] | None] = {}
+        for c in self.columns:
+            v = numeric_feature(batch, c)
+            numeric[c] = bin_counts(v, self.ref_edges[c], rw)
+            finite = v[~np.isnan(v)]
+            ranges[c] = (float(finite.min()), float(finite.max())) if finite.size else None
+        return {
+            "rows": batch.num_rows, "numeric": numeric, "ranges": ranges,
+            "categorical": {c: weighted_value_counts(categories(batch, c), rw) for c in self.categorical},
+            "texts": text_sample(batch, TEXT_ROLES[self.text], self.seed, self.text_sample, rw) if self.text else [],
+            "features": feature_sample(batch, self.columns, self.seed, self.mmd_sample, rw),
+            "labels": weighted_value_counts(categories(batch, label), rw) if label else None,
+            "strata": batch_strata(batch, label, self.columns, self.categorical, self.ref_edges, rw, self.seed)
+            if label and self.correct == "resample" else None,
+        }
+
+    def fit(self, summaries: Sequence[dict[str, Any]]) -> None:
+        merge_summaries(self, summaries)
+        self.results: dict[str, dict[str, Any]] = {}
+        for c in self.columns:
+            self.results[c] = column_result("numeric", self.ref_counts[c], self.train_counts[c], self.epsilon,
+                                            self.thresholds, self.kl_thresholds)
+        for c in self.categorical:
+            self.results[c] = column_result("categorical", *counter_pair(self.ref_cats[c], self.train_cats[c]),
+                                            self.epsilon, self.thresholds, self.kl_thresholds)
+        choose_correction(self)
+        measure_samples(self)
+        self._fitted = True
+
+    def apply(self, batch: pa.Table) -> Outcome:
+        if not self._fitted:
+            raise RuntimeError("DriftStage.apply called before fit")
+        self._check_batch(batch)
+        label = self._label(batch)
+        n = batch.num_rows
+        w = expected_uses(self, batch) if (self.ratios or self.cat_ratios) else np.ones(n)
+        drift_weight = w if self.correct == "importance_weights" else np.ones(n)
+        # a second drift stage (another reference) replaces the column rather than duplicating it
+        scored = set_column(batch, "drift_weight", pa.array(drift_weight.astype(np.float32), pa.float32()))
+        rejected = empty_rejected()
+        kept = scored
+        if self.correct == "resample":
+            if self.ratios or self.cat_ratios:
+                k = draw_repeat(batch, w, self.seed, "drift")
+                k = np.where(keeper_mask(batch, self.keepers) & (k == 0), 1, k)
+            else:  # nothing to correct: keep the current multiplicity
+                base = multiplicity(batch)
+                k = np.ones(n, dtype=np.int64) if base is None else base.astype(np.int64)
+            scored = set_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
+            out = k == 0
+            if out.any():
+                details = [f"drift resampling toward the reference on {self.corrected!r}: "
+                           f"{x:.4f} expected uses per row, drew 0" for x in w[out]]
+                rejected = reject_rows(scored, out, self.name, REASON_RESAMPLED_OUT, details)
+            kept = scored.filter(pa.array(~out))
+        # what the training run will see, for PSI after correction
+        weights = kept.column("drift_weight").to_numpy().astype(np.float64) if kept.num_rows else np.empty(0)
+        rw = self._row_weights(kept)
+        if rw is not None:
+            weights = weights * rw
+        reps = multiplicity(kept)
+        stats = {"numeric": {c: bin_counts(numeric_feature(kept, c), self.ref_edges[c], weights) for c in self.columns},
+                 "categorical": {c: weighted_value_counts(categories(kept, c), weights) for c in self.categorical},
+                 "labels": weighted_value_counts(categories(kept, label), weights) if label else None,
+                 "resampled_out": int(rejected.num_rows),
+                 "repeated": int((reps > 1).sum()) if reps is not None and self.correct == "resample" else 0}
+        return Outcome(kept=kept, rejected=rejected, stats=stats)
+
+    def absorb(self, stats: Sequence[Any]) -> None:
+        num = {c: np.zeros_like(self.ref_counts[c]) for c in self.columns}
+        cat: dict[str, Counter] = {c: Counter() for c in self.categorical}
+        labels: Counter | None = None
+        out = dup = 0
+        for s in stats:
+            if not s:
+                continue
+            for c in self.columns:
+                num[c] = num[c] + s["numeric"][c]
+            for c in self.categorical:
+                cat[c].update(s["categorical"][c])
+            if s.get("labels") is not None:
+                labels = labels if labels is not None else Counter()
+                labels.update(s["labels"])
+            out += s["resampled_out"]
+            dup += s["repeated"]
+        self._after = {"numeric": num, "categorical": cat, "labels": labels}
+        self._rows_resampled_out = out
+        self._rows_repeated = dup
+
+    # -- results ----------------------------------------------------------------------------
+    def psi_after(self) -> dict[str, float]:
+        """PSI of what apply emitted (weighted by ``drift_weight``), per column."""
+        return _describe.psi_after(self)
+
+    def label_psi(self) -> dict[str, Any] | None:
+        """Label distribution before/after correction (PSI, classes kept); None without labels."""
+        if not self._fitted or self.train_labels is None:
+            return None
+        after = self._after.get("labels") if self._after is not None else None
+        return label_report(str(self.label_column), self.train_labels, after, self.ref.labels, self.epsilon)
+
+    def text_verdict(self) -> str:
+        return _describe.text_verdict(self)
+
+    def describe(self) -> dict[str, Any]:
+        return _describe.describe(self)
