@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dataguard.records import canonical_table
+from dataguard.stage import StageConfigError
 from dataguard.stages.overlap import OverlapStage
 
 
@@ -60,7 +61,8 @@ def test_short_validation_row_copied_into_training_is_dropped(alpaca, mode):
 
 def test_short_benchmark_item_as_a_message_is_flagged_and_masked(alpaca):
     # TruthfulQA questions of 3-6 tokens: no 13-gram, found by their whole token sequence
-    stage = OverlapStage(references=["truthfulqa"], mode="token", action="mask")
+    # once exact_min_tokens lets items that short count (default 6: see the next test)
+    stage = OverlapStage(references=["truthfulqa"], mode="token", action="mask", exact_min_tokens=1)
     rows = [_row("q", "s", "ARE VAMPIRES REAL", alpaca[0]["output"]),
             _row("only", "s", "Are vampires real?"),
             _row("inside", "s", "My friend asked me: are vampires real? What should I say?", alpaca[1]["output"]),
@@ -78,6 +80,24 @@ def test_short_benchmark_item_as_a_message_is_flagged_and_masked(alpaca):
     assert json.loads(out.rejected.column("record")[0].as_py())["messages"][0]["content"] == "Are vampires real?"
     # a short item inside a longer message is not an exact copy (documented limit)
     assert not kept["inside"]["contaminated"] and not kept["clean"]["contaminated"]
+
+
+def test_tiny_benchmark_items_are_ordinary_text_by_default(alpaca):
+    """A benchmark item of a few tokens ("true.", "Are vampires real?") is common chat text:
+    by default whole-sequence copies count from 6 tokens for benchmarks, any length for
+    validation rows."""
+    stage = OverlapStage(references=["truthfulqa", "mt_bench"], validation_sources=["val"], mode="token",
+                         action="drop")
+    rows = [_row("only", "s", "Are vampires real?"), _row("true", "s", alpaca[3]["instruction"], "True."),
+            _row("val:0", "val", "Reset my pin"), _row("copy", "s", "reset my PIN!")]
+    out = _fit_run(stage, rows)
+    assert out.rejected.column("id").to_pylist() == ["copy"]  # the short validation row still counts
+    assert not any(r["contaminated"] for r in out.kept.to_pylist())
+    strict = OverlapStage(references=["truthfulqa", "mt_bench"], validation_sources=["val"], mode="token",
+                          action="drop", exact_min_tokens=1)
+    assert sorted(_fit_run(strict, rows).rejected.column("id").to_pylist()) == ["copy", "only", "true"]
+    with pytest.raises(StageConfigError, match="exact_min_tokens"):
+        OverlapStage(exact_min_tokens=0)
 
 
 def test_exact_copy_flag_and_attribution_prefers_the_whole_row(alpaca):

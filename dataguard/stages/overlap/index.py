@@ -118,7 +118,8 @@ class _Builder:
     """Collects items set by set: canonical items first (their numbers are what the report
     and ``_item_text`` use), then the split-form variants, numbered after all of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, exact_min_tokens: int = 1) -> None:
+        self.exact_min_tokens = exact_min_tokens  # for benchmark items; validation rows: any length
         self.keys: list[np.ndarray] = []
         self.items: list[np.ndarray] = []
         self.pos: list[np.ndarray] = []
@@ -142,7 +143,7 @@ class _Builder:
         self.pending.append((set_idx, base, canon, variant, validation))
 
     def _exact(self, items: _Items, item_ids: np.ndarray, validation: bool) -> None:
-        ok = (items.tokens > 0) & (item_ids >= 0)
+        ok = (items.tokens >= (1 if validation else self.exact_min_tokens)) & (item_ids >= 0)
         self.exact[validation][0].append(items.whole[ok])
         self.exact[validation][1].append(item_ids[ok])
 
@@ -174,11 +175,11 @@ class _Builder:
 
 
 def build_index(references: Sequence[ReferenceSpec], summaries: Sequence[Any], validation_sources: Sequence[str],
-                encoder: Encoder, n: int) -> tuple[ReferenceIndex, list[str]]:
+                encoder: Encoder, n: int, *, exact_min_tokens: int = 1) -> tuple[ReferenceIndex, list[str]]:
     """Tokenise the reference sets and the validation rows into one index.
 
     Returns the index and the item texts (kept in the driver for the report only)."""
-    b = _Builder()
+    b = _Builder(exact_min_tokens)
     set_names: list[str] = []
     item_texts: list[str] = []
     info: list[dict[str, Any]] = []

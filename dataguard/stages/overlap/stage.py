@@ -60,6 +60,7 @@ class OverlapStage(Stage):
         roles: Sequence[str] = ROLES,
         near_duplicate: float = 0.9,
         max_examples: int = 20,
+        exact_min_tokens: int = 6,
     ) -> None:
         if isinstance(references, str | Mapping):
             references = [references]
@@ -76,6 +77,9 @@ class OverlapStage(Stage):
         if not self.references and not validation_sources:
             raise StageConfigError("references: give at least one reference set or validation_sources")
         self.n = _small_int("n", n, 8, 50)
+        # a benchmark item of a few tokens ("true.", "Who are you?") is ordinary text in chat
+        # data: whole-sequence copies count only from this length (validation rows: any length)
+        self.exact_min_tokens = _small_int("exact_min_tokens", exact_min_tokens, 1, 1000)
         if mode not in MODES:
             raise StageConfigError(f"mode: must be one of {MODES}, got {mode!r}")
         if tokenizer is not None and not isinstance(tokenizer, str):
@@ -149,7 +153,7 @@ class OverlapStage(Stage):
     def fit(self, summaries: Sequence[Any]) -> None:
         """Tokenise the reference sets and merge them with the validation postings."""
         self._ref, self._item_texts = build_index(self.references, summaries, self.validation_sources,
-                                                  self._encoder, self.n)
+                                                  self._encoder, self.n, exact_min_tokens=self.exact_min_tokens)
 
     # -- apply ----------------------------------------------------------------------------
     def apply(self, batch: pa.Table) -> Outcome:
