@@ -1,0 +1,154 @@
+"""Language identification: keep the languages a fine-tune is meant for.
+
+A row-local filter (no fit), written as the walk-through of CONTRIBUTING.md: ``score`` adds
+``language`` (ISO 639-1 code, null when the text is too short to judge) and
+``language_confidence`` (float32, the detector's normalised probability); ``apply`` rejects
+rows whose language is not in ``languages`` with reason ``wrong_language``.
+
+The detector is py3langid (BSD-3; 97 languages, a naive Bayes model over byte n-grams that
+ships inside the package, so nothing is downloaded). Short texts are where every detector
+guesses, so a row is judged only when its text has >= ``min_chars`` characters and the
+detector is >= ``min_confidence`` sure; anything else is kept (and its columns say why).
+Only the first ``max_chars`` characters are read: a language does not change halfway
+through a fine-tuning example often enough to pay for reading a whole book.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
+from dataguard.stage import Outcome, Stage, StageConfigError
+
+REASON = "wrong_language"
+REASONS = {REASON: "the detected language is not one of `languages` (and the detector is sure enough)"}
+TEXTS = {"prompt": prompt_texts, "response": response_texts, "full": full_texts}
+ACTIONS = ("flag", "drop")
+MAX_EXAMPLES = 10
+
+
+def _detector() -> Any:
+    """The packaged py3langid model with normalised probabilities (loaded once per process)."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def supported_languages() -> list[str]:
+    """ISO 639-1 codes the detector knows."""
+    return sorted(_detector().nb_classes)
+
+
+class LanguageStage(Stage):
+    """Tags each row with its language and drops (or flags) the ones not wanted."""
+
+    name = "language"
+
+    def __init__(self, *, languages: Sequence[str] = ("en",), text: str = "full", min_chars: int = 20,
+                 min_confidence: float = 0.8, max_chars: int = 2000, action: str = "drop") -> None:
+        if isinstance(languages, str) or not isinstance(languages, Sequence) or not languages:
+            raise StageConfigError(f"languages must be a non-empty list of ISO 639-1 codes, got {languages!r}",
+                                   param="languages")
+        known = set(supported_languages())
+        unknown = [lang for lang in languages if lang not in known]
+        if unknown:
+            raise StageConfigError(f"languages: {unknown} unknown to the detector (it knows {len(known)} "
+                                   f"languages, e.g. en, de, fr, zh, ja, es)", param="languages")
+        if text not in TEXTS:
+            raise StageConfigError(f"text must be one of {tuple(TEXTS)}, got {text!r}", param="text")
+        for pname, value, lo in (("min_chars", min_chars, 0), ("max_chars", max_chars, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise StageConfigError(f"{pname} must be an integer >= {lo}, got {value!r}", param=pname)
+        if (not isinstance(min_confidence, int | float) or isinstance(min_confidence, bool)
+                or not 0.0 <= min_confidence <= 1.0):
+            raise StageConfigError(f"min_confidence must be in [0, 1], got {min_confidence!r}",
+                                   param="min_confidence")
+        if action not in ACTIONS:
+            raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}", param="action")
+        self.languages = sorted(set(languages))
+        self.text = text
+        self.min_chars = min_chars
+        self.min_confidence = float(min_confidence)
+        self.max_chars = max_chars
+        self.action = action
+        self._model: Any = None
+        self._seen: Counter[str] = Counter()
+        self._rejected = 0
+        self._unjudged = 0
+        self._examples: list[dict[str, Any]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Workers load the model themselves; it is not pickled with the stage."""
+        state = dict(self.__dict__)
+        state["_model"] = None
+        return state
+
+    def output_columns(self) -> dict[str, pa.DataType]:
+        return {"language": pa.string(), "language_confidence": pa.float32()}
+
+    def _detect(self, texts: list[str]) -> tuple[list[str | None], np.ndarray]:
+        if self._model is None:
+            self._model = _detector()
+        langs: list[str | None] = []
+        conf = np.full(len(texts), np.nan, dtype=np.float32)
+        for i, t in enumerate(texts):
+            t = t.strip()
+            if len(t) < self.min_chars:
+                langs.append(None)
+                continue
+            lang, p = self._model.classify(t[: self.max_chars])
+            langs.append(lang)
+            conf[i] = p
+        return langs, conf
+
+    def score(self, batch: pa.Table) -> pa.Table:
+        langs, conf = self._detect(TEXTS[self.text](batch))
+        out = set_column(batch, "language", pa.array(langs, pa.string()))
+        return set_column(out, "language_confidence", pa.array(conf, pa.float32(), mask=np.isnan(conf)))
+
+    def apply(self, batch: pa.Table) -> Outcome:
+        langs = batch.column("language").to_pylist()
+        conf = batch.column("language_confidence").to_numpy(zero_copy_only=False)
+        wanted = set(self.languages)
+        wrong = np.array([lang is not None and lang not in wanted and c >= self.min_confidence
+                          for lang, c in zip(langs, conf, strict=True)], dtype=bool)
+        stats = {"seen": Counter(lang or "(too short)" for lang in langs), "rejected": int(wrong.sum()),
+                 "unjudged": sum(lang is None for lang in langs), "examples": []}
+        if not wrong.any() or self.action == "flag":
+            return Outcome(kept=batch, stats=stats)
+        picked = np.flatnonzero(wrong)
+        details = [f"detected {langs[i]!r} (p={conf[i]:.3f}); allowed: {', '.join(self.languages)}" for i in picked]
+        texts = TEXTS[self.text](batch.take(pa.array(picked[:MAX_EXAMPLES], pa.int64())))
+        stats["examples"] = [{"id": batch.column("id")[int(i)].as_py(), "label": langs[i], "text": t[:300],
+                              "note": d} for i, t, d in zip(picked[:MAX_EXAMPLES], texts, details, strict=False)]
+        return Outcome(kept=batch.filter(pa.array(~wrong)), rejected=reject_rows(batch, wrong, self.name, REASON,
+                                                                                 details), stats=stats)
+
+    def absorb(self, stats: Sequence[Any]) -> None:
+        for s in stats:
+            if not s:
+                continue
+            self._seen.update(s["seen"])
+            self._rejected += s["rejected"]
+            self._unjudged += s["unjudged"]
+            self._examples.extend(s["examples"])
+        self._examples = self._examples[:MAX_EXAMPLES]
+
+    def describe(self) -> dict[str, Any]:
+        top = self._seen.most_common(20)
+        blocks: list[dict[str, Any]] = [
+            {"type": "bar", "title": "Detected language (20 most frequent)", "labels": [k for k, _ in top],
+             "series": {"rows": [v for _, v in top]}}]
+        if self._examples:
+            blocks.append({"type": "examples", "title": "Rows in another language", "items": self._examples})
+        return {"title": "Language identification",
+                "summary": {"languages": ", ".join(self.languages), "action": self.action,
+                            "rows": sum(self._seen.values()), "rows_not_judged": self._unjudged,
+                            "rows_wrong_language": self._rejected, "min_confidence": self.min_confidence,
+                            "min_chars": self.min_chars},
+                "blocks": blocks}
