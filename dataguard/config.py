@@ -57,7 +57,9 @@ MAX_VALUES = 100_000
 
 # Stage parameters that name inputs of the run (by `name:`), per stage. Such inputs must
 # exist in `inputs:`, and `--input` keeps them (see `load_config(replace_inputs=...)`).
-INPUT_NAME_PARAMS: dict[str, tuple[str, ...]] = {"overlap": ("validation_sources",)}
+INPUT_NAME_PARAMS: dict[str, tuple[str, ...]] = {"overlap": ("validation_sources",),
+                                                  "near_dedup": ("validation_sources",),
+                                                  "semantic_dedup": ("validation_sources",)}
 
 # Markers of a folder that `datasets.load_from_disk` can read (a saved Dataset).
 DATASET_FOLDER_FILES = ("dataset_info.json", "state.json")

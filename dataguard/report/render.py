@@ -20,7 +20,12 @@ from dataguard.report.fmt import esc, human_bytes, human_seconds, is_number, num
 STAGE_NOTES = {
     "normalize": "Maps each source format to canonical conversations; rows that fit no format or break the "
                  "role order are rejected with their raw text.",
-    "dedup": "Exact and near-exact duplicate conversations.",
+    "dedup": "Exact duplicate conversations.",
+    "near_dedup": "Near duplicates: MinHash LSH over word or character shingles, candidates checked with the "
+                  "exact Jaccard, one row kept per cluster.",
+    "semantic_dedup": "Semantic duplicates: the same prompt in another template or source, by sentence-embedding "
+                      "cosine.",
+    "language": "Language identification: rows in a language the run does not want.",
     "consistency": "Semantic agreement between prompt and response (sentence-embedding similarity); rows far "
                    "below the dataset's own distribution are flagged.",
     "length": "Token-length cap from a global percentile of the whole input; over-long conversations are "
@@ -29,7 +34,8 @@ STAGE_NOTES = {
     "overlap": "Token n-gram overlap with reference sets (benchmarks, validation split): contamination and leakage.",
     "noise": "Confident learning on out-of-sample class probabilities: likely label errors.",
     "longtail": "Class priors, logit offsets and sample weights for long-tailed labels, and the curriculum.",
-    "drift": "Population Stability Index between the training data and a reference, per column.",
+    "drift": "Distribution shift against a reference: PSI and KL per column, an MMD test and a domain "
+             "classifier, each with a verdict.",
 }
 ROLE_CLASSES = {"system", "user", "assistant", "tool"}
 

@@ -19,6 +19,9 @@ STAGE_PATHS: dict[str, str] = {
     "noise": "dataguard.stages.noise:NoiseStage",
     "longtail": "dataguard.stages.longtail:LongTailStage",
     "drift": "dataguard.stages.drift:DriftStage",
+    "language": "dataguard.stages.language:LanguageStage",
+    "near_dedup": "dataguard.stages.near_dedup:NearDedupStage",
+    "semantic_dedup": "dataguard.stages.semantic_dedup:SemanticDedupStage",
 }
 
 
