@@ -105,6 +105,8 @@ def test_exact_resume_classify_with_curriculum_and_dropout(cls_run, tmp_path):
     assert json.loads((tmp_path / "b" / "label_map.json").read_text())["classes"]
     metrics = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in metrics if "loss" in x] == list(range(1, 7))
+    # the manifest's schedule [0.25, 0.5] of 6 optimizer steps: steps 1-2, step 3, steps 4-6
+    assert [x["phase"] for x in metrics if "loss" in x] == [1, 1, 2, 3, 3, 3]
 
 
 _KILLER = """

@@ -175,6 +175,7 @@ class Trainer:
             loss_sum, tokens, rows = 0.0, 0, []
             verdict, stats, ratios, hist = Verdict(), None, None, None
             monitor_step = now_step % cfg.monitor_every == 0
+            phase = sampler.phase + 1  # the phase this step's batches are drawn in
             for _ in range(cfg.grad_accum):
                 idx, mult = sampler.next_batch()
                 if world > 1:  # every process draws the same batch and trains on its own slice
@@ -224,7 +225,7 @@ class Trainer:
             now = time.perf_counter()
             record = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": clip.total_norm,
                       "clipped": clip.clipped, "skipped": not applied, "tokens": tokens,
-                      "tokens_per_s": tokens / max(now - t_last, 1e-9), "phase": sampler.phase + 1,
+                      "tokens_per_s": tokens / max(now - t_last, 1e-9), "phase": phase,
                       "amp_scale": float(scaler.get_scale()) if scaler is not None else None, "lr_groups": lr_groups}
             t_last = now
             if scaler is not None:
