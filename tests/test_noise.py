@@ -258,7 +258,8 @@ def test_empty_batch_gets_same_columns(flagged):
 
 @pytest.mark.slow  # loads MiniLM: ~10 s idle, ~45 s on a loaded 2-core box; the rest of the file uses TF-IDF
 def test_default_stage_with_embeddings_describes_and_pickles(banking):
-    """The defaults (MiniLM embeddings, SGD logistic, C chosen by CV) on a small slice."""
+    """The defaults (features auto -> short intents -> MiniLM + TF-IDF + kNN ensemble, SGD logistic,
+    C chosen by CV) on a small slice."""
     pick = np.concatenate([np.flatnonzero(banking["true"] == c)[:25] for c in range(3)])
     small = banking["table"].take(pa.array(pick))
     stage = NoiseStage(threads=1)
@@ -270,6 +271,8 @@ def test_default_stage_with_embeddings_describes_and_pickles(banking):
     blob = pickle.dumps(stage)  # a fitted stage ships to workers without the model
     assert len(blob) < 2_000_000 and pickle.loads(blob).apply(small).kept.equals(stage.apply(small).kept)
     desc = stage.describe()
+    assert desc["summary"]["features_auto"]["chosen"] == "ensemble"
+    assert desc["summary"]["probabilities"] == "5-fold CV, ensemble, sgd"
     kinds = [b["type"] for b in desc["blocks"]]
     assert kinds[:3] == ["bar", "matrix", "table"]
     assert desc["summary"]["label_issues"] == int(_mask(kept).sum())

@@ -1,1 +1,8 @@
-"""Label-noise estimation: cross-validated probabilities and confident learning (cleanlab)."""
+"""Label-noise estimation for the noise stage (`dataguard.stages.noise`), one job per module.
+
+``crossval`` out-of-fold probabilities (and refits on kept rows), ``knn`` neighbour votes,
+``views`` which models make the probabilities (single view or the short-text ensemble),
+``confident`` confident learning via cleanlab + the simple rules + the flag budget,
+``rounds`` iterative re-estimation, ``probs`` logits / probability checks, ``params``
+parameter validation, ``report`` describe() and the fit report, ``synthetic`` seeded noise.
+"""

@@ -4,17 +4,19 @@ cleanlab (Apache-2.0) is the reference implementation of Northcutt et al. (2021)
 thresholds (the mean self-confidence of each given class), the confident joint, the latent
 noise matrices and the pruning rules behind ``find_label_issues``. We call it rather than
 re-implement it, so our issue masks are cleanlab's by construction; what this module adds
-is the simple fixed-threshold rule and one result object the stage can keep.
+is two simple rules (the fixed threshold on the given label's probability, and the seeds'
+confident-disagreement rule), the flag budget, and one result object the stage can keep.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("cleanlab", "threshold")
+METHODS = ("cleanlab", "threshold", "confidence")
 FILTERS = ("prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given")
 RANKINGS = ("self_confidence", "normalized_margin", "confidence_weighted_entropy")
 
@@ -39,12 +41,18 @@ def find_issues(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanla
     ``cleanlab``: ``cleanlab.filter.find_label_issues(labels, probs, filter_by=...)``.
     ``threshold``: the fixed rule - keep a row only when its given label is the model's top
     class with probability >= ``threshold``, i.e. flag ``p[given] < threshold``.
+    ``confidence``: the seeds' rule - flag a row when the model is confident (top-class
+    probability > ``threshold``) and its top class is not the given label. It needs no
+    per-class statistics, so it is the rule to use on very small sets; it misses errors the
+    model is unsure about (see benchmarks/bench_label_noise.py for its precision / recall).
     """
     labels = np.asarray(labels, dtype=np.int64)
     if labels.size == 0:
         return np.zeros(0, dtype=bool)
     if method == "threshold":
         return probs[np.arange(labels.size), labels] < threshold
+    if method == "confidence":
+        return (probs.max(axis=1) > threshold) & (probs.argmax(axis=1) != labels)
     if method != "cleanlab":
         raise ValueError(f"unknown method {method!r}")
     from cleanlab.filter import find_label_issues
@@ -76,6 +84,31 @@ def protect_rare_classes(labels: np.ndarray, is_issue: np.ndarray, quality: np.n
         rows = np.flatnonzero(out & (labels == c))
         order = np.lexsort((rows, -quality[rows].astype(np.float64)))
         out[rows[order[:short[c]]]] = False
+    return out
+
+
+def budget_count(max_flagged: int | float | None, n: int) -> int | None:
+    """The number of rows a budget allows: an int as is, a fraction f in (0, 1) as ceil(f * n)."""
+    if max_flagged is None:
+        return None
+    if isinstance(max_flagged, float):
+        return math.ceil(max_flagged * n)
+    return int(max_flagged)
+
+
+def limit_flags(is_issue: np.ndarray, quality: np.ndarray, budget: int | None) -> np.ndarray:
+    """Keep only the ``budget`` worst issues: lowest label quality first, ties by row order.
+
+    Why: a reviewer (or a cautious drop) has a fixed capacity; the ranking score orders
+    rows better than the binary mask does (benchmarks: hits in the worst 2%), so the budget
+    keeps the top of that ranking among the flagged rows. Deterministic by construction.
+    """
+    if budget is None or int(is_issue.sum()) <= budget:
+        return is_issue.copy()
+    rows = np.flatnonzero(is_issue)
+    order = np.lexsort((rows, quality[rows].astype(np.float64)))
+    out = np.zeros_like(is_issue)
+    out[rows[order[:budget]]] = True
     return out
 
 

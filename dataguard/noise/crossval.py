@@ -80,6 +80,20 @@ def select_C(features: np.ndarray | sp.spmatrix, labels: np.ndarray, n_classes: 
     return best[0], best[2]
 
 
+def _splits(labels: np.ndarray, n_classes: int, *, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Seeded (stratified when every class can fill the folds) K-fold splits of >= 2 rows."""
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    n = labels.shape[0]
+    k = max(2, min(folds, n))
+    counts = np.bincount(labels, minlength=n_classes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        splitter = (StratifiedKFold(k, shuffle=True, random_state=seed) if counts[counts > 0].max() >= k
+                    else KFold(k, shuffle=True, random_state=seed))
+        return list(splitter.split(np.zeros(n), labels))
+
+
 def _cv_probs(features: np.ndarray | sp.spmatrix, labels: np.ndarray, n_classes: int, *,
               folds: int, seed: int, classifier: str | Any, C: float) -> np.ndarray:
     """(n, n_classes) float64 probabilities, row i predicted by a model trained without row i.
@@ -87,8 +101,6 @@ def _cv_probs(features: np.ndarray | sp.spmatrix, labels: np.ndarray, n_classes:
     ``labels`` are class indices in ``[0, n_classes)``. With fewer rows than folds per the
     smallest class, StratifiedKFold still splits (it only warns); we silence that warning.
     """
-    from sklearn.model_selection import KFold, StratifiedKFold
-
     labels = np.asarray(labels, dtype=np.int64)
     n = labels.shape[0]
     probs = np.zeros((n, n_classes), dtype=np.float64)
@@ -97,14 +109,7 @@ def _cv_probs(features: np.ndarray | sp.spmatrix, labels: np.ndarray, n_classes:
     if n < 2:
         probs[:, labels] = 1.0
         return probs
-    k = max(2, min(folds, n))
-    counts = np.bincount(labels, minlength=n_classes)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        splitter = (StratifiedKFold(k, shuffle=True, random_state=seed) if counts[counts > 0].max() >= k
-                    else KFold(k, shuffle=True, random_state=seed))
-        splits = list(splitter.split(np.zeros(n), labels))
-    for fold, (train, test) in enumerate(splits):
+    for fold, (train, test) in enumerate(_splits(labels, n_classes, folds=folds, seed=seed)):
         present = np.unique(labels[train])
         if present.size == 1:  # a one-class training fold: that class is all it can predict
             probs[np.ix_(test, present)] = 1.0
@@ -115,6 +120,46 @@ def _cv_probs(features: np.ndarray | sp.spmatrix, labels: np.ndarray, n_classes:
             est.fit(features[train], labels[train])
             fold_probs = est.predict_proba(features[test])
         probs[np.ix_(test, np.asarray(est.classes_, dtype=np.int64))] = fold_probs
+    row_sums = probs.sum(axis=1, keepdims=True)
+    np.divide(probs, row_sums, out=probs, where=row_sums > 0)
+    return probs
+
+
+def refit_probs(features: np.ndarray | sp.spmatrix, labels: np.ndarray, n_classes: int, keep: np.ndarray, *,
+                folds: int = 5, seed: int = 0, classifier: str | Any = "sgd", C: float = 1.0) -> np.ndarray:
+    """Probabilities for all rows from models trained only on the ``keep`` rows.
+
+    One round of iterative cleaning: the kept rows get out-of-fold probabilities by K-fold
+    over the kept rows alone (the same splits `_cv_probs` would make on them); every excluded
+    row gets the mean of the K fold models' probabilities (none of them saw it, so it is
+    out-of-sample too). Each fold model is fitted once. With nothing excluded this is
+    exactly `_cv_probs` on all rows.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    keep = np.asarray(keep, dtype=bool)
+    if keep.all():
+        return _cv_probs(features, labels, n_classes, folds=folds, seed=seed, classifier=classifier, C=C)
+    kept = np.flatnonzero(keep)
+    out = np.flatnonzero(~keep)
+    probs = np.zeros((labels.shape[0], n_classes), dtype=np.float64)
+    if kept.size < 2 or np.unique(labels[kept]).size < 2:  # nothing to learn from: the kept rows' prior
+        probs[:] = np.bincount(labels[kept], minlength=n_classes) / max(kept.size, 1)
+        return probs
+    splits = _splits(labels[kept], n_classes, folds=folds, seed=seed)
+    for fold, (train, test) in enumerate(splits):
+        rows, held = kept[train], kept[test]
+        present = np.unique(labels[rows])
+        if present.size == 1:
+            probs[np.ix_(held, present)] = 1.0
+            probs[np.ix_(out, present)] += 1.0 / len(splits)
+            continue
+        est = make_classifier(classifier, seed=seed + fold, C=C, n_train=len(rows))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(features[rows], labels[rows])
+            cols = np.asarray(est.classes_, dtype=np.int64)
+            probs[np.ix_(held, cols)] = est.predict_proba(features[held])
+            probs[np.ix_(out, cols)] += est.predict_proba(features[out]) / len(splits)
     row_sums = probs.sum(axis=1, keepdims=True)
     np.divide(probs, row_sums, out=probs, where=row_sums > 0)
     return probs

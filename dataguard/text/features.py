@@ -1,5 +1,6 @@
 """Text features for classifiers that estimate label quality.
 
+``auto`` (`choose_features`) picks the short-text ensemble or TF-IDF by median length.
 Two kinds, chosen by measurement (see ``benchmarks/bench_label_noise.py``): embeddings win
 on short intents (banking77), TF-IDF wins on long posts (20 Newsgroups), where MiniLM's
 128-token window sees little more than the headers; stacking both was worse than the
@@ -28,6 +29,37 @@ import scipy.sparse as sp
 from dataguard.text.embeddings import Embedder
 
 FEATURE_KINDS = ("embedding", "tfidf", "both")
+FEATURE_CHOICES = (*FEATURE_KINDS, "ensemble", "auto")  # ensemble: see dataguard/noise/views.py
+# ``auto``: texts whose median length is at most this many words get the short-text
+# ensemble, longer ones TF-IDF. Measured (benchmarks/bench_label_noise.py, part ``lengths``):
+# 20 Newsgroups posts cut to 16 words, ensemble and TF-IDF tie (31 vs 32 confirmed errors in
+# the worst 151 rows); cut to 32 words TF-IDF leads (42 vs 38) and in full it wins outright;
+# banking77 intents (median 10 words) are the other way round (F1 0.88 ensemble vs 0.78).
+AUTO_MAX_WORDS = 16
+AUTO_SHORT = "ensemble"
+AUTO_LONG = "tfidf"
+
+
+def word_count(text: str | None) -> int:
+    """Whitespace-separated words: cheap, tokenizer-free, and what the auto rule was measured with."""
+    return len(text.split()) if text else 0
+
+
+def choose_features(word_counts: Sequence[int] | np.ndarray) -> tuple[str, dict[str, object]]:
+    """``features: auto``: (kind, why) from the labelled texts' median word count.
+
+    Why the median: one long outlier must not flip a set of intents to TF-IDF. Why length:
+    on short texts TF-IDF has a handful of sparse words and the sentence embedding (plus its
+    neighbours) generalises; on longer ones TF-IDF sees every word while MiniLM reads only
+    its first 256 word pieces (trained on 128). Where the cut lies is measured, see
+    `AUTO_MAX_WORDS`; length is a proxy - topic posts favoured TF-IDF even when cut short.
+    """
+    counts = np.asarray(word_counts, dtype=np.int64)
+    median = float(np.median(counts)) if counts.size else 0.0
+    kind = AUTO_SHORT if median <= AUTO_MAX_WORDS else AUTO_LONG
+    why = (f"median {median:g} words {'<=' if kind == AUTO_SHORT else '>'} {AUTO_MAX_WORDS}: "
+           f"{'short texts, ensemble of embedding, TF-IDF and kNN models' if kind == AUTO_SHORT else 'long texts, TF-IDF'}")
+    return kind, {"chosen": kind, "median_words": median, "max_words_for_short": AUTO_MAX_WORDS, "why": why}
 
 
 def tfidf_features(texts: Sequence[str], *, max_features: int = 100_000, ngram_max: int = 2,

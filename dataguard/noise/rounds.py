@@ -1,0 +1,53 @@
+"""Iterative re-estimation: clean, refit on the kept rows, re-estimate issues for all rows.
+
+Round 1 is plain confident learning on out-of-fold probabilities. Each further round drops
+the rows the previous round flagged from *training* (never from scoring), refits the
+cross-validated classifier on the rest (`refit_probs`: kept rows out-of-fold, flagged rows
+by the mean of the fold models), and re-estimates the thresholds, confident joint, noise
+matrix and issue mask for every row. The idea (Northcutt et al.'s "clean then retrain")
+is that mislabelled rows bias the first model towards their wrong labels.
+
+Measured, not assumed (benchmarks/bench_label_noise.py): on 20 Newsgroups (TF-IDF) a
+second round found fewer confirmed errors (52 vs 59 of 82 in the worst 151 rows; 42 vs 53
+among the rows flagged); on banking77 with 10% seeded noise (features auto) detection F1
+went from 0.881 to 0.878. Each round also costs one more cross-validation, so the
+default stays ``rounds: 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dataguard.noise.confident import NoiseEstimate
+
+
+def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
+               refit: Callable[[np.ndarray], np.ndarray], estimate_fn: Callable[[np.ndarray], NoiseEstimate], *,
+               rounds: int) -> tuple[np.ndarray, NoiseEstimate, list[dict[str, Any]]]:
+    """(final probabilities, final estimate, one log entry per round that ran).
+
+    ``refit(keep)`` returns probabilities for all rows from models trained on ``keep`` rows
+    (`dataguard.noise.views.refit`); ``estimate_fn`` turns probabilities into an estimate.
+
+    Stops early when a round flags nothing (there is nothing left to clean) or flags the
+    same rows as the round before (a fixed point: further rounds would repeat it).
+    """
+    est = first
+    log = [{"round": 1, "trained_on": int(len(y)), "issues": int(est.is_issue.sum()),
+            "cv_accuracy": round(float((probs.argmax(axis=1) == y).mean()), 4) if len(y) else None}]
+    for r in range(2, rounds + 1):
+        keep = ~est.is_issue
+        if keep.all():
+            break
+        probs = refit(keep)
+        new = estimate_fn(probs)
+        log.append({"round": r, "trained_on": int(keep.sum()), "issues": int(new.is_issue.sum()),
+                    "cv_accuracy": round(float((probs.argmax(axis=1) == y).mean()), 4)})
+        same = np.array_equal(new.is_issue, est.is_issue)
+        est = new
+        if same:
+            break
+    return probs, est, log
