@@ -39,13 +39,13 @@ generically (a stage only chooses blocks; it never writes HTML)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from dataguard.records import empty_rejected
+from dataguard.records import empty_rejected, reject_rows
 
 
 @dataclass
@@ -55,6 +55,22 @@ class Outcome:
     kept: pa.Table
     rejected: pa.Table = field(default_factory=empty_rejected)
     stats: Any = None
+
+
+def drop_or_keep(table: pa.Table, mask: Any, *, action: str, stage: str, reason: str,
+                 details: Callable[[], Sequence[str]], stats: Any = None) -> Outcome:
+    """The usual ending of ``apply``: with ``action == "drop"`` the rows in ``mask`` (bool,
+    one per row) move to ``rejected`` with ``reason`` and one detail each (``details`` is
+    called only then); otherwise every row is kept (the stage's columns flag them)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    picked = np.asarray(mask, dtype=bool)
+    if action != "drop" or not picked.any():
+        return Outcome(kept=table, stats=stats)
+    arr = pa.array(picked, pa.bool_())
+    return Outcome(kept=table.filter(pc.invert(arr)), rejected=reject_rows(table, arr, stage, reason, list(details())),
+                   stats=stats)
 
 
 class StageConfigError(ValueError):

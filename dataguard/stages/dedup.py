@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import reject_rows, set_column
-from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.records import set_column
+from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
 
 ACTIONS = ("flag", "drop")
 SCOPES = ("messages", "prompt")
@@ -140,12 +140,8 @@ class DedupStage(Stage):
                     for i, f, t in zip(ids[dup][:MAX_EXAMPLES].tolist(), first[dup][:MAX_EXAMPLES].tolist(),
                                        _texts(batch.filter(pa.array(dup))[:MAX_EXAMPLES]), strict=True)]
         stats = {"rows": batch.num_rows, "duplicates": int(dup.sum()), "examples": examples}
-        if self.action == "drop" and dup.any():
-            mask = pa.array(dup, pa.bool_())
-            rejected = reject_rows(out, mask, self.name, "exact_duplicate",
-                                   [f"same {self.scope} content as {f}" for f in first[dup].tolist()])
-            return Outcome(kept=out.filter(pc.invert(mask)), rejected=rejected, stats=stats)
-        return Outcome(kept=out, stats=stats)
+        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason="exact_duplicate", stats=stats,
+                            details=lambda: [f"same {self.scope} content as {f}" for f in first[dup].tolist()])
 
     def absorb(self, stats: Sequence[Any]) -> None:
         for s in stats:

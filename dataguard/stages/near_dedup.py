@@ -43,8 +43,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts, reject_rows, set_column
-from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.records import message_texts, set_column
+from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.text import minhash
 
@@ -217,38 +217,17 @@ class NearDedupStage(Stage):
     def apply(self, batch: pa.Table) -> Outcome:
         if not self._fitted:
             raise RuntimeError("NearDedupStage.apply called before fit")
-        ids = batch.column("id").to_pylist()
-        got = [self._decision.get(i) for i in ids]
-        cluster = pa.array([g[0] if g else None for g in got], pa.int64())
-        of = [g[1] if g else None for g in got]
-        jac = pa.array([g[2] if g and g[1] is not None else None for g in got], pa.float32())
-        out = set_column(batch, "near_dup_cluster", cluster)
-        out = set_column(out, "near_dup_of", pa.array(of, pa.string()))
-        out = set_column(out, "near_dup_jaccard", jac)
-        dup = np.array([o is not None for o in of], dtype=bool)
-        snippets = {}
-        if self._example_ids:
-            wanted = [p for p, i in enumerate(ids) if i in self._example_ids]
-            if wanted:
-                texts = message_texts(batch.take(pa.array(wanted, pa.int64())), SCOPE_ROLES[self.scope])
-                snippets = {ids[p]: snippet(t) for p, t in zip(wanted, texts, strict=True)}
+        out, got, dup = cluster_columns(batch, self._decision, "near_dup", "jaccard")
+        snippets = example_snippets(batch, self._example_ids, SCOPE_ROLES[self.scope]) if self._example_ids else {}
         stats = {"rows": batch.num_rows, "near_duplicates": int(dup.sum()), "snippets": snippets}
-        if self.action == "drop" and dup.any():
-            mask = pa.array(dup, pa.bool_())
-            kind = "exact" if self.verify else "MinHash-estimated"
-            details = [f"near duplicate of {got[p][1]} ({kind} Jaccard {got[p][2]:.3f} of {self.shingle} "
-                       f"{self.shingle_size}-shingles; cluster {got[p][0]})" for p in np.flatnonzero(dup).tolist()]
-            rejected = reject_rows(out, mask, self.name, "near_duplicate", details)
-            return Outcome(kept=out.filter(pc.invert(mask)), rejected=rejected, stats=stats)
-        return Outcome(kept=out, stats=stats)
+        kind = "exact" if self.verify else "MinHash-estimated"
+        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason="near_duplicate", stats=stats,
+                            details=lambda: [f"near duplicate of {got[p][1]} ({kind} Jaccard {got[p][2]:.3f} of "
+                                             f"{self.shingle} {self.shingle_size}-shingles; cluster {got[p][0]})"
+                                             for p in np.flatnonzero(dup).tolist()])
 
     def absorb(self, stats: Sequence[Any]) -> None:
-        for s in stats:
-            if s is None:
-                continue
-            self._stats["rows"] += s["rows"]
-            self._stats["near_duplicates"] += s["near_duplicates"]
-            self._stats["snippets"].update(s["snippets"])
+        merge_stats(self._stats, stats, "near_duplicates")
 
     def describe(self) -> dict[str, Any]:
         f, s = self._fit_stats, self._stats
@@ -342,3 +321,37 @@ def _linked_pairs(keys: np.ndarray, valid: np.ndarray, similarity: Any, threshol
 
 def snippet(text: str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
+
+
+def cluster_columns(batch: pa.Table, decision: dict[str, tuple[int, str | None, float]], prefix: str,
+                    score: str) -> tuple[pa.Table, list[tuple[int, str | None, float] | None], np.ndarray]:
+    """Add ``<prefix>_cluster``, ``<prefix>_of`` and ``<prefix>_<score>`` from the fit's
+    per-id decisions (cluster, kept row or None for the kept one, similarity); returns the
+    table, the decisions in row order and the mask of rows that duplicate another."""
+    got = [decision.get(i) for i in batch.column("id").to_pylist()]
+    of = [g[1] if g else None for g in got]
+    out = set_column(batch, f"{prefix}_cluster", pa.array([g[0] if g else None for g in got], pa.int64()))
+    out = set_column(out, f"{prefix}_of", pa.array(of, pa.string()))
+    out = set_column(out, f"{prefix}_{score}",
+                     pa.array([g[2] if g and g[1] is not None else None for g in got], pa.float32()))
+    return out, got, np.array([o is not None for o in of], dtype=bool)
+
+
+def example_snippets(batch: pa.Table, example_ids: dict[str, int], roles: Sequence[str]) -> dict[str, str]:
+    """Short texts of the batch rows the report shows as example pairs."""
+    ids = batch.column("id").to_pylist()
+    wanted = [p for p, i in enumerate(ids) if i in example_ids]
+    if not wanted:
+        return {}
+    texts = message_texts(batch.take(pa.array(wanted, pa.int64())), roles)
+    return {ids[p]: snippet(t) for p, t in zip(wanted, texts, strict=True)}
+
+
+def merge_stats(total: dict[str, Any], stats: Sequence[Any], counter: str) -> None:
+    """Sum ``rows`` and ``counter`` and collect the snippets of every batch's stats."""
+    for s in stats:
+        if s is None:
+            continue
+        total["rows"] += s["rows"]
+        total[counter] += s[counter]
+        total["snippets"].update(s["snippets"])

@@ -61,9 +61,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts, reject_rows, set_column
-from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.stages.near_dedup import KEEPS, MAX_EXAMPLES, check_sources, int_param, is_validation, snippet
+from dataguard.records import message_texts
+from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
+from dataguard.stages.near_dedup import (
+    KEEPS,
+    MAX_EXAMPLES,
+    check_sources,
+    cluster_columns,
+    example_snippets,
+    int_param,
+    is_validation,
+    merge_stats,
+)
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.stats.neighbours import exact_pairs, partitioned_pairs
 from dataguard.text.embeddings import Embedder, embeddings_for
@@ -200,35 +209,16 @@ class SemanticDedupStage(Stage):
     def apply(self, batch: pa.Table) -> Outcome:
         if not self._fitted:
             raise RuntimeError("SemanticDedupStage.apply called before fit")
-        ids = batch.column("id").to_pylist()
-        got = [self._decision.get(i) for i in ids]
-        of = [g[1] if g else None for g in got]
-        out = set_column(batch, "semantic_dup_cluster", pa.array([g[0] if g else None for g in got], pa.int64()))
-        out = set_column(out, "semantic_dup_of", pa.array(of, pa.string()))
-        out = set_column(out, "semantic_dup_cosine",
-                         pa.array([g[2] if g and g[1] is not None else None for g in got], pa.float32()))
-        dup = np.array([o is not None for o in of], dtype=bool)
-        snippets = {}
-        wanted = [p for p, i in enumerate(ids) if i in self._example_ids]
-        if wanted:
-            texts = message_texts(batch.take(pa.array(wanted, pa.int64())), SCOPE_ROLES[self.scope])
-            snippets = {ids[p]: snippet(t) for p, t in zip(wanted, texts, strict=True)}
+        out, got, dup = cluster_columns(batch, self._decision, "semantic_dup", "cosine")
+        snippets = example_snippets(batch, self._example_ids, SCOPE_ROLES[self.scope])
         stats = {"rows": batch.num_rows, "semantic_duplicates": int(dup.sum()), "snippets": snippets}
-        if self.action == "drop" and dup.any():
-            mask = pa.array(dup, pa.bool_())
-            details = [f"semantic duplicate of {got[p][1]} (cosine {got[p][2]:.3f} of {self.scope} text, "
-                       f"{self.embedder.model_id}; cluster {got[p][0]})" for p in np.flatnonzero(dup).tolist()]
-            rejected = reject_rows(out, mask, self.name, "semantic_duplicate", details)
-            return Outcome(kept=out.filter(pc.invert(mask)), rejected=rejected, stats=stats)
-        return Outcome(kept=out, stats=stats)
+        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason="semantic_duplicate", stats=stats,
+                            details=lambda: [f"semantic duplicate of {got[p][1]} (cosine {got[p][2]:.3f} of "
+                                             f"{self.scope} text, {self.embedder.model_id}; cluster {got[p][0]})"
+                                             for p in np.flatnonzero(dup).tolist()])
 
     def absorb(self, stats: Sequence[Any]) -> None:
-        for s in stats:
-            if s is None:
-                continue
-            self._stats["rows"] += s["rows"]
-            self._stats["semantic_duplicates"] += s["semantic_duplicates"]
-            self._stats["snippets"].update(s["snippets"])
+        merge_stats(self._stats, stats, "semantic_duplicates")
 
     def describe(self) -> dict[str, Any]:
         f, s = self._fit_stats, self._stats
