@@ -198,3 +198,23 @@ def test_registered_and_empty_input(tmp_path: Path) -> None:
     stage = NearDedupStage()
     stage.fit([])
     assert stage.describe()["summary"]["clusters"] == 0
+
+
+def test_rows_offering_other_tools_are_not_merged(real_data: Path, tmp_path: Path) -> None:
+    """Real glaive tool-call rows: the same conversation with another tool list is another
+    training example (as in the exact dedup stage); with the same tools it is a duplicate."""
+    rows = json.loads((real_data / "sharegpt_glaive_toolcall/glaive_toolcall_en_demo.json").read_text())
+    with_tools = [r for r in rows if r.get("tools") and len(" ".join(m["value"] for m in r["conversations"]).split())
+                  >= 40]
+    a, b = with_tools[0], next(r for r in with_tools[1:] if r["tools"] != with_tools[0]["tools"])
+    other_tools = dict(a, tools=b["tools"])  # a's conversation, b's tools
+    same_tools = json.loads(json.dumps(a))
+    src = tmp_path / "tools.json"
+    src.write_text(json.dumps([a, other_tools, same_tools]))
+    out = tmp_path / "out"
+    Pipeline([NearDedupStage()], workers=1).run([InputSpec(path=str(src))], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["rows_rejected"] == 1
+    rejected = pa.ipc.open_stream((out / "rejected" / "rejected-00000.arrow").read_bytes()).read_all()
+    assert rejected.column("id").to_pylist() == ["tools.json:2"]
+    assert "near duplicate of tools.json:0" in rejected.column("detail")[0].as_py()

@@ -63,7 +63,7 @@ def content_hashes(table: pa.Table, scope: str = "messages") -> np.ndarray:
     wanted = PROMPT_ROLES if scope == "prompt" else None
     for i in range(table.num_rows):
         h = hashlib.blake2b(digest_size=8)
-        tools = _tools_key(metas[i])
+        tools = tools_key(metas[i])
         if tools:
             h.update(b"tools\x1f" + tools.encode("utf-8", "surrogatepass") + b"\x1e")
         for j in range(offsets[i], offsets[i + 1]):
@@ -167,7 +167,7 @@ class DedupStage(Stage):
         }
 
 
-def _tools_key(meta: str | None) -> str | None:
+def tools_key(meta: str | None) -> str | None:
     """Canonical JSON of meta["tools"] (parsed if it is a JSON string), None when empty."""
     if not meta or '"tools"' not in meta:
         return None

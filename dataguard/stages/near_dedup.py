@@ -35,6 +35,7 @@ See ``benchmarks/bench_near_dedup.py`` for recall, precision and throughput agai
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ import pyarrow.compute as pc
 
 from dataguard.records import message_texts, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
+from dataguard.stages.dedup import tools_key
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.text import minhash
 
@@ -74,6 +76,7 @@ class NearDedupSummary:
     preferred: np.ndarray  # bool: from a validation source
     values: np.ndarray  # uint32 shingle ids (empty without verify)
     offsets: np.ndarray  # int64 (n + 1,)
+    tools: np.ndarray | None = None  # uint64 hash of meta["tools"] (0: none); rows differing here never link
 
 
 def int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -165,7 +168,7 @@ class NearDedupStage(Stage):
             values, offsets = np.zeros(0, np.uint32), np.zeros(len(texts) + 1, np.int64)
         return NearDedupSummary(ids=batch.column("id").to_pylist(), signatures=sig,
                                 lengths=np.fromiter(map(len, texts), np.int64, count=len(texts)),
-                                preferred=preferred, values=values, offsets=offsets)
+                                preferred=preferred, values=values, offsets=offsets, tools=tools_keys(batch))
 
     def fit(self, summaries: Sequence[NearDedupSummary]) -> None:
         ids = [i for s in summaries for i in s.ids]
@@ -177,10 +180,13 @@ class NearDedupStage(Stage):
         values, offsets = _concat_sets(summaries)
         valid = (sig != np.uint32(0xFFFFFFFF)).any(axis=1) if n else np.zeros(0, bool)
 
+        tools = np.concatenate([s.tools if s.tools is not None else np.zeros(len(s.ids), np.uint64)
+                                for s in summaries]) if summaries else np.zeros(0, np.uint64)
+
         def similarity(pairs: np.ndarray) -> np.ndarray:
-            if self.verify:
-                return minhash.exact_jaccard(values, offsets, pairs)
-            return minhash.estimated_jaccard(sig, pairs)
+            sim = minhash.exact_jaccard(values, offsets, pairs) if self.verify else minhash.estimated_jaccard(sig, pairs)
+            # the same conversation offered other tools is another training example (as in dedup)
+            return np.where(tools[pairs[:, 0]] == tools[pairs[:, 1]], sim, 0.0) if len(pairs) else sim
 
         keys = minhash.band_keys(sig, self.bands, self.rows)
         edges, candidates = _linked_pairs(keys, valid, similarity, self.threshold)
@@ -355,3 +361,15 @@ def merge_stats(total: dict[str, Any], stats: Sequence[Any], counter: str) -> No
         total["rows"] += s["rows"]
         total[counter] += s[counter]
         total["snippets"].update(s["snippets"])
+
+
+def tools_keys(batch: pa.Table) -> np.ndarray:
+    """Per row, a 64-bit hash of its canonical ``meta["tools"]`` (0 when it has none)."""
+    metas = batch.column("meta").to_pylist() if "meta" in batch.column_names else [None] * batch.num_rows
+    out = np.zeros(len(metas), np.uint64)
+    for i, meta in enumerate(metas):
+        key = tools_key(meta)
+        if key:
+            out[i] = int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                                    "little") or 1
+    return out
