@@ -184,6 +184,8 @@ class Pipeline:
             metas = executor.run(state, tasks, desc=f"segment {segment.index + 1}/{len(segments)}")
             metas.sort(key=lambda m: m["unit"])
             metas_by_segment.append(metas)
+            if segment.index == 0:  # now, not at the end: an alias that matched nothing stops the run here
+                self.normalizer.absorb([m["stats"].get(-1) for m in metas])
             for meta in metas:
                 for key, seconds in meta["seconds"].items():
                     stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
@@ -240,9 +242,7 @@ class Pipeline:
     def _absorb(self, segments: list[Segment], metas_by_segment: list[list[dict[str, Any]]]) -> None:
         for segment, metas in zip(segments, metas_by_segment, strict=True):
             applied = [i for op, i in segment.ops if op == "apply"]
-            if segment.index == 0:
-                self.normalizer.absorb([m["stats"].get(-1) for m in metas])
-            for i in applied:
+            for i in applied:  # (the normalizer absorbed its statistics right after segment 0)
                 self.stages[i].absorb([m["stats"].get(i) for m in metas])
 
     # ------------------------------------------------------------------ outputs

@@ -17,6 +17,7 @@ from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.stage import StageConfigError
+from dataguard.stages.dedup import DedupStage
 from dataguard.stages.normalize import Normalizer
 from dataguard.stages.normalize_aliases import NestedAlias, parse_alias
 
@@ -136,12 +137,14 @@ def test_unmatched_alias_is_one_line_naming_alias_input_and_file(tmp_path: Path,
     path = _write(tmp_path, "chat.json", records)
     spec = InputSpec(path=path, name="chat", aliases={"conversations[].speaker": "from"})  # nothing has "speaker"
     with pytest.raises(InputError) as err:
-        Pipeline([], workers=1, batch_rows=50).run([spec], tmp_path / "out")
+        Pipeline([DedupStage()], workers=1, batch_rows=50).run([spec], tmp_path / "out")
     text = str(err.value)
     assert "\n" not in text
     assert "'conversations[].speaker -> from'" in text and "'chat'" in text and "120 records" in text
-    # the file is named when the input's options carry it (InputSpec.options() does not pass
-    # ``path`` yet; see the report): the same check on the normalizer directly
+    assert str(path) in text  # the input's file is named
+    # it stops right after the first segment: the dedup fit and the next segment never run
+    assert (tmp_path / "out" / "_work" / "seg00").is_dir() and not (tmp_path / "out" / "_work" / "seg01").exists()
+    # the same check on the normalizer directly
     norm = Normalizer()
     batch = _batch(records)
     options = SourceOptions(name="chat", aliases={"conversations[].speaker": "from"}, path=str(path))
