@@ -292,11 +292,12 @@ class Pipeline:
                            "formats_detected": dict(sorted(formats.get(str(spec.name), {}).items()))})
 
         stages_out = [{"name": "normalize", "key": "00-normalize", **stage_rows["00-normalize"],
+                       "params": _params_json(self.normalizer),
                        "description": _jsonable(self.normalizer.describe())}]
         training: dict[str, Any] = {}
         for i, stage in enumerate(self.stages):
             key = self._stage_key(i)
-            stages_out.append({"name": stage.name, "key": key, **stage_rows[key],
+            stages_out.append({"name": stage.name, "key": key, **stage_rows[key], "params": _params_json(stage),
                                "description": _jsonable(stage.describe())})
             state = getattr(stage, "training_state", None)
             if callable(state):
@@ -393,6 +394,18 @@ def _package_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def _params_json(stage: Stage) -> dict[str, Any]:
+    """The stage's effective parameters as JSON; a value JSON cannot hold (a scikit-learn
+    estimator handed in from Python) is recorded by its repr."""
+    out: dict[str, Any] = {}
+    for name, value in stage.effective_params().items():
+        try:
+            out[name] = _jsonable(value)
+        except (TypeError, ValueError):
+            out[name] = repr(value)
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -99,8 +99,26 @@ class Stage:
         return obj
 
     def params(self) -> dict[str, Any]:
-        """The keyword arguments this stage was built with (for the manifest)."""
+        """The keyword arguments this stage was built with (only those given explicitly)."""
         return dict(getattr(self, "_params", {}))
+
+    def effective_params(self) -> dict[str, Any]:
+        """Every constructor parameter with the value in force: given, else its default.
+
+        The manifest records these, so a run says what it did even where the config relied
+        on defaults (which change between versions: `noise.features` did)."""
+        import inspect
+
+        given = self.params()
+        out: dict[str, Any] = {}
+        for name, p in inspect.signature(type(self).__init__).parameters.items():
+            if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if name in given:
+                out[name] = given[name]
+            elif p.default is not p.empty:
+                out[name] = p.default
+        return out
 
     def score(self, batch: pa.Table) -> pa.Table:
         """Add measurement columns. Row-local; default adds nothing."""
