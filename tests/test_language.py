@@ -118,3 +118,10 @@ def test_config_error_names_the_key_and_line(tmp_path):
     spec.write_text("inputs:\n  - path: x.jsonl\noutput: out\nstages:\n  - language:\n      languages: [klingon]\n")
     with pytest.raises(ConfigError, match=r"p\.yaml:6.*languages"):
         load_config(spec)
+
+
+def test_known_codes_are_the_models_own():
+    """`languages` is validated without loading the model; the list must be the model's."""
+    from dataguard.stages.language import KNOWN_LANGUAGES, supported_languages
+
+    assert KNOWN_LANGUAGES == set(supported_languages())

@@ -5,7 +5,7 @@ A row-local filter (no fit), written as the walk-through of CONTRIBUTING.md: ``s
 ``language_confidence`` (float32, the detector's normalised probability); ``apply`` rejects
 rows whose language is not in ``languages`` with reason ``wrong_language``.
 
-The detector is py3langid (BSD-3; 97 languages, a naive Bayes model over byte n-grams that
+The detector is py3langid (BSD-3; 140 language labels, a naive Bayes model over byte n-grams that
 ships inside the package, so nothing is downloaded). Short texts are where every detector
 guesses, so a row is judged only when its text has >= ``min_chars`` characters and the
 detector is >= ``min_confidence`` sure; anything else is kept (and its columns say why).
@@ -30,6 +30,19 @@ REASONS = {REASON: "the detected language is not one of `languages` (and the det
 TEXTS = {"prompt": prompt_texts, "response": response_texts, "full": full_texts}
 ACTIONS = ("flag", "drop")
 MAX_EXAMPLES = 10
+# The detector's labels (ISO 639-1 where one exists, else 639-3), so `languages` is checked
+# without loading the model in __init__; tests/test_language.py pins it to the model's own list.
+KNOWN_LANGUAGES = frozenset({
+    "ace", "af", "am", "an", "ar", "ary", "arz", "as", "az", "ba", "bcl", "be", "bg", "bn", "br", "bs", "ca",
+    "crh", "cs", "cy", "da", "de", "dz", "el", "en", "eo", "es", "et", "eu", "ext", "fa", "fi", "fo", "fr",
+    "fuv", "fy", "ga", "gcf", "gcr", "gd", "gl", "gom", "grc", "gu", "gug", "guw", "ha", "hbo", "he", "hi",
+    "hr", "ht", "hu", "hy", "id", "ig", "is", "it", "ja", "jv", "ka", "kab", "kik", "kk", "km", "kn", "ko",
+    "ku", "ky", "la", "lb", "lg", "lij", "ln", "lo", "lt", "ltg", "lv", "mg", "mk", "ml", "mn", "mr", "ms",
+    "mt", "my", "ne", "nl", "nn", "no", "nso", "oc", "om", "or", "pa", "pcm", "pl", "ps", "pt", "qu", "ro",
+    "ru", "rw", "sa", "sdh", "se", "si", "sk", "sl", "sn", "so", "sq", "sr", "st", "sv", "sw", "ta", "te",
+    "tg", "th", "tk", "tl", "tr", "tt", "ug", "uk", "ur", "uz", "uzs", "vec", "vi", "vo", "wa", "wuu", "xh",
+    "yo", "yue", "zh", "zu", "zxx",
+})
 
 
 def _detector() -> Any:
@@ -40,8 +53,8 @@ def _detector() -> Any:
 
 
 def supported_languages() -> list[str]:
-    """ISO 639-1 codes the detector knows."""
-    return sorted(_detector().nb_classes)
+    """The language codes the packaged model knows (loads it)."""
+    return sorted(set(_detector().nb_classes))
 
 
 class LanguageStage(Stage):
@@ -54,10 +67,9 @@ class LanguageStage(Stage):
         if isinstance(languages, str) or not isinstance(languages, Sequence) or not languages:
             raise StageConfigError(f"languages must be a non-empty list of ISO 639-1 codes, got {languages!r}",
                                    param="languages")
-        known = set(supported_languages())
-        unknown = [lang for lang in languages if lang not in known]
+        unknown = [lang for lang in languages if lang not in KNOWN_LANGUAGES]
         if unknown:
-            raise StageConfigError(f"languages: {unknown} unknown to the detector (it knows {len(known)} "
+            raise StageConfigError(f"languages: {unknown} unknown to the detector (it knows {len(KNOWN_LANGUAGES)} "
                                    f"languages, e.g. en, de, fr, zh, ja, es)", param="languages")
         if text not in TEXTS:
             raise StageConfigError(f"text must be one of {tuple(TEXTS)}, got {text!r}", param="text")
