@@ -43,7 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dataguard.records import empty_rejected, reject_rows
 
@@ -62,9 +64,6 @@ def drop_or_keep(table: pa.Table, mask: Any, *, action: str, stage: str, reason:
     """The usual ending of ``apply``: with ``action == "drop"`` the rows in ``mask`` (bool,
     one per row) move to ``rejected`` with ``reason`` and one detail each (``details`` is
     called only then); otherwise every row is kept (the stage's columns flag them)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     picked = np.asarray(mask, dtype=bool)
     if action != "drop" or not picked.any():
         return Outcome(kept=table, stats=stats)

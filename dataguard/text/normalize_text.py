@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -294,23 +294,24 @@ def normalize_with_offsets(text: str, cfg: NormalizeConfig) -> tuple[str, np.nda
     if cfg.joins_words:
         return _with_offsets_joining(text, cfg)
     lut = _lut_for(cfg)
-    chars: list[str] = []
-    src: list[int] = []
-    if cfg.whitespace:
-        chars.append(" ")
-        src.append(0)
-    for i, ch in enumerate(text):
-        if ch == _SEP:
-            ch = " "
-        for c in _char_fold(ch, cfg, lut):
-            if cfg.whitespace and c == " " and chars and chars[-1] == " ":
-                continue
-            chars.append(c)
-            src.append(i)
-    if cfg.whitespace and len(chars) > 1 and chars[-1] == " ":
+    folded = ((c, i) for i, ch in enumerate(text) for c in _char_fold(" " if ch == _SEP else ch, cfg, lut))
+    return _assemble(folded, cfg.whitespace)
+
+
+def _assemble(chars_with_source: Iterable[tuple[str, int]], whitespace: bool) -> tuple[str, np.ndarray]:
+    """Join (character, source index) pairs; with ``whitespace``, as the batch path does: one
+    leading space, runs of spaces collapsed, no trailing space, and empty for a blank text."""
+    chars: list[str] = [" "] if whitespace else []
+    src: list[int] = [0] if whitespace else []
+    for c, i in chars_with_source:
+        if whitespace and c == " " and chars and chars[-1] == " ":
+            continue
+        chars.append(c)
+        src.append(i)
+    if whitespace and len(chars) > 1 and chars[-1] == " ":
         chars.pop()
         src.pop()
-    if cfg.whitespace and len(chars) == 1:  # nothing but the leading space: empty document
+    if whitespace and len(chars) == 1:  # nothing but the leading space: empty document
         chars, src = [], []
     return "".join(chars), np.asarray(src, dtype=np.int64)
 
@@ -334,19 +335,6 @@ def _with_offsets_joining(text: str, cfg: NormalizeConfig) -> tuple[str, np.ndar
     keep = np.ones(len(raw), dtype=bool)
     keep[_intraword_drop(codes)] = False
     lut = _lut_for(cfg)
-    chars: list[str] = [" "] if cfg.whitespace else []
-    src: list[int] = [0] if cfg.whitespace else []
-    for c, i, k in zip(raw, raw_src, keep.tolist(), strict=True):
-        if not k:
-            continue
-        c = chr(lut[ord(c)]) if ord(c) < 128 else c
-        if cfg.whitespace and c == " " and chars and chars[-1] == " ":
-            continue
-        chars.append(c)
-        src.append(i)
-    if cfg.whitespace and len(chars) > 1 and chars[-1] == " ":
-        chars.pop()
-        src.pop()
-    if cfg.whitespace and len(chars) == 1:
-        chars, src = [], []
-    return "".join(chars), np.asarray(src, dtype=np.int64)
+    kept = ((chr(lut[ord(c)]) if ord(c) < 128 else c, i)
+            for c, i, k in zip(raw, raw_src, keep.tolist(), strict=True) if k)
+    return _assemble(kept, cfg.whitespace)
