@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,14 @@ def real_data() -> Path:
 @pytest.fixture(scope="session")
 def test_data() -> Path:
     return TEST_DATA
+
+
+@pytest.fixture(scope="session")
+def banking77_splits(real_data: Path) -> dict[str, Any]:
+    """banking77 train and test as canonical tables (label from ``category``), read once."""
+    from dataguard.stages.drift import load_reference
+
+    d = real_data / "banking77"
+    return {split: load_reference({"path": str(d / f"{split}.csv"), "name": f"b77_{split}",
+                                   "format": "labelled_text", "aliases": {"category": "label"}})
+            for split in ("train", "test")}

@@ -12,16 +12,8 @@ import pytest
 
 from dataguard.records import canonical_table
 from dataguard.stage import StageConfigError
-from dataguard.stages.drift import DriftStage, load_reference
+from dataguard.stages.drift import DriftStage
 from dataguard.stats.features import numeric_feature
-
-
-@pytest.fixture(scope="module")
-def banking(real_data) -> dict[str, pa.Table]:
-    d = real_data / "banking77"
-    return {split: load_reference({"path": str(d / f"{split}.csv"), "name": f"b77_{split}",
-                                   "format": "labelled_text", "aliases": {"category": "label"}})
-            for split in ("train", "test")}
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +38,17 @@ def _split_by_length(table: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 
 @pytest.mark.slow
-def test_banking77_train_vs_test_is_stable_and_text_is_indistinguishable(banking, clinc) -> None:
-    st = DriftStage(reference=banking["test"], columns=["prompt_chars", "prompt_words"], text=True,
+def test_banking77_train_vs_test_is_stable_and_text_is_indistinguishable(banking77_splits, clinc) -> None:
+    st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars", "prompt_words"], text=True,
                     text_sample=250)
-    _run(st, banking["train"])
+    _run(st, banking77_splits["train"])
     for col in ("prompt_chars", "prompt_words", "label"):
         assert st.results[col]["verdict"] == "stable", (col, st.results[col])
     assert st.results["label"]["psi"] == pytest.approx(0.0748, abs=1e-3)
     assert st.text_auc is not None and st.text_auc < 0.6 and st.text_verdict() == "stable"
     # a different domain (CLINC150 vs banking77): the text classifier separates them easily (the
     # reference sample is a prefix of the one above - same seed, smaller k - so it is not re-embedded)
-    other = DriftStage(reference=banking["test"], columns=[], categorical=[], text=True, text_sample=100)
+    other = DriftStage(reference=banking77_splits["test"], columns=[], categorical=[], text=True, text_sample=100)
     _run(other, clinc)
     assert other.text_auc > 0.9 and other.text_verdict() == "major"
     # the MMD test on the same embeddings agrees with the classifier on both pairs
@@ -67,14 +59,14 @@ def test_banking77_train_vs_test_is_stable_and_text_is_indistinguishable(banking
     assert d["summary"]["columns_major"] == 0 and d["summary"]["text_verdict"] == "stable"
 
 
-def test_short_vs_long_is_major_and_label_set_shift_is_major(banking, clinc) -> None:
-    short, long_ = _split_by_length(banking["test"])
+def test_short_vs_long_is_major_and_label_set_shift_is_major(banking77_splits, clinc) -> None:
+    short, long_ = _split_by_length(banking77_splits["test"])
     st = DriftStage(reference=long_, columns=["prompt_chars", "prompt_words"], text=False)
     _run(st, short)
     assert st.results["prompt_chars"]["verdict"] == "major" and st.results["prompt_chars"]["psi"] > 2
     assert st.results["prompt_words"]["verdict"] == "major"
     # disjoint label sets: every category is epsilon on one side
-    st2 = DriftStage(reference=banking["test"], columns=[], categorical=["label"], text=False, correct="resample")
+    st2 = DriftStage(reference=banking77_splits["test"], columns=[], categorical=["label"], text=False, correct="resample")
     kept, rejected = _run(st2, clinc)
     assert st2.results["label"]["verdict"] == "major"
     # no training row has a reference label: correction is refused instead of dropping everything
@@ -90,9 +82,9 @@ def _skewed(train: pa.Table) -> pa.Table:
     return train.filter(pa.array(keep))
 
 
-def test_resampling_lowers_the_targeted_psi_and_loses_nothing(banking) -> None:
-    train = _skewed(banking["train"])
-    st = DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False, correct="resample", seed=3)
+def test_resampling_lowers_the_targeted_psi_and_loses_nothing(banking77_splits) -> None:
+    train = _skewed(banking77_splits["train"])
+    st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, correct="resample", seed=3)
     kept, rejected = _run(st, train)
     before = st.results["prompt_chars"]["psi"]
     after = st.psi_after()["prompt_chars"]
@@ -106,11 +98,11 @@ def test_resampling_lowers_the_targeted_psi_and_loses_nothing(banking) -> None:
     reps = kept.column("repeat").to_numpy()
     assert reps.min() >= 1 and reps.max() > 1
     # PSI after is the PSI of what was emitted (rows counted `repeat` times), recomputed independently
-    check = DriftStage(reference=banking["test"], columns=["prompt_chars"], categorical=[], text=False)
+    check = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], categorical=[], text=False)
     _run(check, kept)
     assert check.results["prompt_chars"]["psi"] == pytest.approx(after, rel=1e-9)
     # deterministic, independent of batching
-    kept2, _ = _run(DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False,
+    kept2, _ = _run(DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False,
                                correct="resample", seed=3), train, batch=100_000)
     assert kept2.equals(kept)
     d = st.describe()
@@ -120,9 +112,9 @@ def test_resampling_lowers_the_targeted_psi_and_loses_nothing(banking) -> None:
     assert row["verdict"] == "major" and row["verdict_after"] == "stable" and row["corrected"] is True
 
 
-def test_importance_weights_bring_weighted_psi_to_about_zero(banking) -> None:
-    train = _skewed(banking["train"])
-    st = DriftStage(reference=banking["test"], columns=["prompt_chars", "prompt_words"], text=False,
+def test_importance_weights_bring_weighted_psi_to_about_zero(banking77_splits) -> None:
+    train = _skewed(banking77_splits["train"])
+    st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars", "prompt_words"], text=False,
                     correct="importance_weights", max_weight=50)
     kept, rejected = _run(st, train)
     assert rejected.num_rows == 0 and kept.num_rows == train.num_rows
@@ -133,21 +125,21 @@ def test_importance_weights_bring_weighted_psi_to_about_zero(banking) -> None:
     # one column is corrected (the worst); the correlated one moves toward the reference too
     assert st.describe()["summary"]["corrected_column"] == "prompt_chars"
     assert st.psi_after()["prompt_words"] < st.results["prompt_words"]["psi"]
-    words = DriftStage(reference=banking["test"], columns=["prompt_chars", "prompt_words"], text=False,
+    words = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars", "prompt_words"], text=False,
                        correct="importance_weights", target="prompt_words", max_weight=50)
     _run(words, train)
     assert words.corrected == "prompt_words" and words.psi_after()["prompt_words"] < 1e-3
 
 
-def test_no_correction_when_stable_and_empty_batch_schema(banking) -> None:
-    st = DriftStage(reference=banking["test"], text=False, correct="resample")
-    kept, rejected = _run(st, banking["train"])
-    assert rejected.num_rows == 0 and kept.num_rows == banking["train"].num_rows
+def test_no_correction_when_stable_and_empty_batch_schema(banking77_splits) -> None:
+    st = DriftStage(reference=banking77_splits["test"], text=False, correct="resample")
+    kept, rejected = _run(st, banking77_splits["train"])
+    assert rejected.num_rows == 0 and kept.num_rows == banking77_splits["train"].num_rows
     assert pc.all(pc.equal(kept.column("drift_weight"), 1.0)).as_py()
-    empty = st.apply(banking["train"].slice(0, 0))
+    empty = st.apply(banking77_splits["train"].slice(0, 0))
     assert empty.kept.schema == kept.schema
     clone = pickle.loads(pickle.dumps(st))
-    assert clone.apply(banking["train"].slice(0, 50)).kept.equals(st.apply(banking["train"].slice(0, 50)).kept)
+    assert clone.apply(banking77_splits["train"].slice(0, 50)).kept.equals(st.apply(banking77_splits["train"].slice(0, 50)).kept)
 
 
 def test_reference_from_csv_path_and_config_errors(real_data, tmp_path) -> None:
@@ -166,19 +158,19 @@ def test_reference_from_csv_path_and_config_errors(real_data, tmp_path) -> None:
             DriftStage(reference=str(path), **kwargs)
 
 
-def test_weight_column_measures_the_weighted_training_distribution(banking) -> None:
+def test_weight_column_measures_the_weighted_training_distribution(banking77_splits) -> None:
     from dataguard.stages.longtail import LongTailStage
 
     lt = LongTailStage(weighting="inverse")
-    lt.fit([lt.summarize(banking["train"])])
-    weighted = lt.apply(banking["train"]).kept
-    plain = DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False)
+    lt.fit([lt.summarize(banking77_splits["train"])])
+    weighted = lt.apply(banking77_splits["train"]).kept
+    plain = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False)
     _run(plain, weighted)
-    st = DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False, weight_column="sample_weight")
+    st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, weight_column="sample_weight")
     _run(st, weighted)
     # inverse-frequency weights give every class the same mass, like the balanced test split
     assert plain.results["label"]["psi"] > 0.05
     assert st.results["label"]["psi"] < 1e-6
     assert st.describe()["summary"]["weight_column"] == "sample_weight"
     with pytest.raises(StageConfigError, match="sample_weight"):
-        st.summarize(banking["train"])
+        st.summarize(banking77_splits["train"])

@@ -11,19 +11,11 @@ import pyarrow.compute as pc
 import pytest
 
 from dataguard.stage import StageConfigError
-from dataguard.stages.drift import DriftStage, load_reference
+from dataguard.stages.drift import DriftStage
 from dataguard.stats.features import numeric_feature
 from dataguard.stats.kl import kl_from_counts
 from dataguard.stats.mmd import mmd_test, mmd_verdict
 from dataguard.stats.psi import psi_from_counts
-
-
-@pytest.fixture(scope="module")
-def banking(real_data) -> dict[str, pa.Table]:
-    d = real_data / "banking77"
-    return {split: load_reference({"path": str(d / f"{split}.csv"), "name": f"b77_{split}",
-                                   "format": "labelled_text", "aliases": {"category": "label"}})
-            for split in ("train", "test")}
 
 
 def _run(stage: DriftStage, table: pa.Table, batch: int = 2500) -> None:
@@ -59,16 +51,16 @@ def test_mmd_separates_shifted_samples_and_not_same_ones() -> None:
     assert shifted.p_value >= 1 / (1 + shifted.permutations)
 
 
-def test_verdicts_agree_on_shifted_and_unshifted_banking77_splits(banking) -> None:
+def test_verdicts_agree_on_shifted_and_unshifted_banking77_splits(banking77_splits) -> None:
     """train vs test is one distribution (every measure stable); test's short half vs its long
     half is a shift (every measure major)."""
     cols = ["prompt_chars", "prompt_words"]
-    same = DriftStage(reference=banking["test"], columns=cols, text=False)
-    _run(same, banking["train"])
-    n = numeric_feature(banking["test"], "prompt_chars")
+    same = DriftStage(reference=banking77_splits["test"], columns=cols, text=False)
+    _run(same, banking77_splits["train"])
+    n = numeric_feature(banking77_splits["test"], "prompt_chars")
     short = pa.array(n <= np.median(n))
-    shifted = DriftStage(reference=banking["test"].filter(pc.invert(short)), columns=cols, text=False)
-    _run(shifted, banking["test"].filter(short))
+    shifted = DriftStage(reference=banking77_splits["test"].filter(pc.invert(short)), columns=cols, text=False)
+    _run(shifted, banking77_splits["test"].filter(short))
     for stage, want in ((same, "stable"), (shifted, "major")):
         d = stage.describe()
         json.dumps(d)
@@ -84,13 +76,13 @@ def test_verdicts_agree_on_shifted_and_unshifted_banking77_splits(banking) -> No
     assert table["rows"][0][0] == "features" and table["rows"][0][3] == "major"
 
 
-def test_mmd_off_and_thresholds_are_configurable(banking) -> None:
-    off = DriftStage(reference=banking["test"], text=False, mmd_sample=0)
-    _run(off, banking["train"].slice(0, 500))
+def test_mmd_off_and_thresholds_are_configurable(banking77_splits) -> None:
+    off = DriftStage(reference=banking77_splits["test"], text=False, mmd_sample=0)
+    _run(off, banking77_splits["train"].slice(0, 500))
     assert off.describe()["mmd"] == {} and not any(b["title"].startswith("MMD") for b in off.describe()["blocks"])
-    strict = DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False, kl_thresholds=(0.001, 0.002),
+    strict = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, kl_thresholds=(0.001, 0.002),
                         mmd_thresholds=(0.5, 0.9), mmd_permutations=50)
-    _run(strict, banking["train"])
+    _run(strict, banking77_splits["train"])
     assert strict.results["prompt_chars"]["kl_verdict"] == "major"
     assert strict.describe()["mmd"]["features"]["permutations"] == 50
 
@@ -105,7 +97,7 @@ def test_mmd_off_and_thresholds_are_configurable(banking) -> None:
     ({"mmd_permutations": 3}, "mmd_permutations"),
     ({"label_column": 7}, "label_column"),
 ])
-def test_config_errors_name_the_parameter(banking, kwargs, param) -> None:
+def test_config_errors_name_the_parameter(banking77_splits, kwargs, param) -> None:
     with pytest.raises(StageConfigError, match=param) as err:
-        DriftStage(reference=banking["test"], text=False, **kwargs)
+        DriftStage(reference=banking77_splits["test"], text=False, **kwargs)
     assert err.value.param == param

@@ -9,18 +9,10 @@ import pyarrow as pa
 import pytest
 
 from dataguard.stage import StageConfigError
-from dataguard.stages.drift import DriftStage, load_reference
+from dataguard.stages.drift import DriftStage
 from dataguard.stats.features import numeric_feature
 from dataguard.stats.psi import psi_categorical
 from dataguard.stats.repeat import multiplicity
-
-
-@pytest.fixture(scope="module")
-def banking(real_data) -> dict[str, pa.Table]:
-    d = real_data / "banking77"
-    return {split: load_reference({"path": str(d / f"{split}.csv"), "name": f"b77_{split}",
-                                   "format": "labelled_text", "aliases": {"category": "label"}})
-            for split in ("train", "test")}
 
 
 def _long_tail_skewed(train: pa.Table) -> pa.Table:
@@ -56,11 +48,11 @@ def _uses(kept: pa.Table) -> Counter:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_stratified_resample_keeps_labels_and_every_class(banking, seed: int) -> None:
-    train = _long_tail_skewed(banking["train"])
+def test_stratified_resample_keeps_labels_and_every_class(banking77_splits, seed: int) -> None:
+    train = _long_tail_skewed(banking77_splits["train"])
     before = Counter(train.column("label").to_pylist())
     assert len(before) > 70 and min(before.values()) == 1  # classes with a single row
-    st = DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False, correct="resample",
+    st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, correct="resample",
                     target="prompt_chars", seed=seed)
     kept, rejected = _run(st, train)
     # nothing lost: kept + rejected = input, once each
@@ -80,14 +72,14 @@ def test_stratified_resample_keeps_labels_and_every_class(banking, seed: int) ->
     assert st.describe()["summary"]["stratified_by"] == "label"
 
 
-def test_unstratified_resample_is_what_lost_classes(banking) -> None:
+def test_unstratified_resample_is_what_lost_classes(banking77_splits) -> None:
     """label_column: null resamples as before the fix: on the same data it moves the labels
     and drops classes, which is what the strata prevent (the contrast keeps the test honest)."""
-    train = _long_tail_skewed(banking["train"])
+    train = _long_tail_skewed(banking77_splits["train"])
     before = Counter(train.column("label").to_pylist())
     lost, psis = 0, []
     for seed in range(4):
-        st = DriftStage(reference=banking["test"], columns=["prompt_chars"], text=False, correct="resample",
+        st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, correct="resample",
                         target="prompt_chars", label_column=None, seed=seed)
         kept, _ = _run(st, train)
         after = _uses(kept)
@@ -97,29 +89,29 @@ def test_unstratified_resample_is_what_lost_classes(banking) -> None:
     assert min(psis) > 0.1 and lost >= 1
 
 
-def test_strata_are_deterministic_and_independent_of_batching(banking) -> None:
-    train = _long_tail_skewed(banking["train"])
-    kwargs = {"reference": banking["test"], "columns": ["prompt_chars"], "text": False, "correct": "resample",
+def test_strata_are_deterministic_and_independent_of_batching(banking77_splits) -> None:
+    train = _long_tail_skewed(banking77_splits["train"])
+    kwargs = {"reference": banking77_splits["test"], "columns": ["prompt_chars"], "text": False, "correct": "resample",
               "target": "prompt_chars", "seed": 5}
     a, ra = _run(DriftStage(**kwargs), train, batch=97)
     b, rb = _run(DriftStage(**kwargs), train, batch=100_000)
     assert a.equals(b) and ra.equals(rb)
 
 
-def test_stratified_on_full_train_and_label_target_is_not_stratified(banking) -> None:
-    short = _long_tail_skewed(banking["train"])
+def test_stratified_on_full_train_and_label_target_is_not_stratified(banking77_splits) -> None:
+    short = _long_tail_skewed(banking77_splits["train"])
     # correcting the label column itself is a label shift on purpose: no rescale by class
-    st = DriftStage(reference=banking["test"], columns=[], categorical=["label"], text=False, correct="resample")
+    st = DriftStage(reference=banking77_splits["test"], columns=[], categorical=["label"], text=False, correct="resample")
     _run(st, short)
     assert st.corrected == "label" and not st.scales
     assert st.psi_after()["label"] < st.results["label"]["psi"]
     assert st.describe()["summary"]["label_psi"]["classes_lost"] == []  # keepers still apply
 
 
-def test_label_column_errors_name_the_parameter(banking) -> None:
+def test_label_column_errors_name_the_parameter(banking77_splits) -> None:
     with pytest.raises(StageConfigError, match="label_column") as err:
-        DriftStage(reference=banking["test"], text=False, label_column="")
+        DriftStage(reference=banking77_splits["test"], text=False, label_column="")
     assert err.value.param == "label_column"
-    st = DriftStage(reference=banking["test"], text=False, correct="resample", label_column="intent")
+    st = DriftStage(reference=banking77_splits["test"], text=False, correct="resample", label_column="intent")
     with pytest.raises(StageConfigError, match="label_column 'intent' is not in the data"):
-        st.summarize(banking["train"].slice(0, 10))
+        st.summarize(banking77_splits["train"].slice(0, 10))
