@@ -40,6 +40,13 @@ scaled down for items under 5n tokens. The clean row still flagged in token mode
 gpteacher code row (gpteacher:5072) sharing 19-token idioms with ``HumanEval/96#prompt``
 (30.4 % of the prompt).
 
+Then benchmark items shorter than ``exact_min_tokens`` (default 6) stopped counting as exact
+copies ("true.", "Who are you?" are chat text). Re-measured 2026-12-01 08:31 UTC, same
+command, idle machine: ours/token unchanged (1.0 everywhere, 1 clean row, fit 1.91 s, scan
+0.42 s); ours/word verbatim / edited / punct / punct+edited 0.9989 (spaced 1.0, 0 clean rows,
+fit 0.99 s, scan 0.17 s): the three missed rows copy one GSM8K answer of 5 words
+(``Ruins:220(.40)=88 ... #### 44``), caught again with ``exact_min_tokens: 1``.
+
 The tables below were measured before issue #14 with the comparison venv, which was not
 rebuilt for it. Re-measured for ours on the same planted rows (2026-12-01), the "Share of
 planted rows flagged" row of ours/token is unchanged and ours/word gives partial 0.99
