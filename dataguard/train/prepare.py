@@ -114,11 +114,7 @@ def fp8_recipe(cfg: TrainConfig, on_cpu: bool) -> Any:
     the run is refused rather than silently emulated; on CPU it runs emulated (useful to test
     a configuration, never faster) with a warning.
     """
-    import logging
-
-    # torchao logs a warning for each optional CUDA kernel it cannot load (none on CPU)
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    try:
+    try:  # (dataguard/__init__.py quiets torchao's kernel-load warnings)
         import torchao.float8  # noqa: F401
     except ImportError:
         raise TrainError("precision fp8 needs torchao (pip install torchao)") from None
