@@ -1,11 +1,34 @@
 """Build hook for the one compiled part: the repetition-score kernel.
 
-Everything else is declared in pyproject.toml. The extension is optional: where no C
-compiler exists the install still succeeds and dataguard falls back to the NumPy reference
-implementation of the same scores (``dataguard.text.quality_scores``), only slower.
+Everything else is declared in pyproject.toml. The kernel is the only implementation of the
+repetition / URL scores, so it is required: where it cannot be compiled the install stops
+with a message that names what to install (a C compiler and the Python headers).
 """
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+NEEDS_COMPILER = """dataguard could not compile its repetition-score kernel (dataguard/text/_qscore.c).
+It needs a C compiler and the Python development headers. Install them, then install dataguard again:
+  Debian / Ubuntu:  apt install gcc python3-dev
+  Fedora / RHEL:    dnf install gcc python3-devel
+  Alpine:           apk add gcc musl-dev python3-dev
+  macOS:            xcode-select --install
+  Windows:          Microsoft C++ Build Tools (https://visualstudio.microsoft.com/visual-cpp-build-tools/)
+  conda:            conda install -c conda-forge c-compiler
+Cause: {cause}"""
+
+
+class BuildKernel(build_ext):
+    """build_ext that turns a missing compiler or header into one clear message."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, ExecError, PlatformError, OSError) as err:
+            raise SystemExit("error: " + NEEDS_COMPILER.format(cause=err)) from err
+
 
 setup(
     ext_modules=[
@@ -13,7 +36,7 @@ setup(
             "dataguard.text._qscore",
             sources=["dataguard/text/_qscore.c"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function"],
-            optional=True,
         )
-    ]
+    ],
+    cmdclass={"build_ext": BuildKernel},
 )

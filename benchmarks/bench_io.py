@@ -6,20 +6,50 @@ not identical), then runs `dataguard run` on each in a fresh process and reports
 and the peak resident memory of the whole process tree. Flat memory across sizes is the
 point: readers stream, work units are bounded, shards are cut at `shard_rows`.
 
-Usage:  python benchmarks/bench_io.py [--sizes 100000,300000,1000000] [--workers 1,2]
+Usage:  python benchmarks/bench_io.py [--sizes 100000,300000,1000000] [--workers 1,2] [--executor ray]
+        (Ray: a local cluster of --workers CPUs; set RAY_TMPDIR to a folder of your own)
 
-Measured 2026-11-29 on this project's 2-core machine (quiet), `python benchmarks/bench_io.py`:
+Columns: wall seconds, rows/s, peak RSS of the whole process tree, peak RSS of the driver
+alone, and CPU seconds of the driver and of its pool workers (RUSAGE_SELF / RUSAGE_CHILDREN of
+the driver; Ray's workers are not its children, so that column reads 0 for Ray).
 
-         rows  input MB workers  seconds    rows/s  peak RSS MB
-      100,000      66.0       1      3.7    27,156          234
-      100,000      66.0       2      3.2    31,471          173
-      300,000     198.4       1      9.9    30,186          216
-      300,000     198.4       2      6.3    47,429          183
-    1,000,000     658.2       1     31.8    31,450          224
-    1,000,000     658.2       2     19.1    52,409          179
+Measured 2026-12-01 on this project's 2-core machine, quiet (load average ~1.3), `python
+benchmarks/bench_io.py`, and for Ray `RAY_TMPDIR=... python benchmarks/bench_io.py --executor ray
+--workers 2 --sizes 300000,1000000` (Ray rows measured while other sessions kept the machine
+busy, so their seconds are not comparable; CPU seconds and memory are). Before (the driver reads
+every line and pickles batches to the workers, then copies every unit into the shards):
 
-Peak memory stays flat from 100k to 1M rows. Two workers on two cores give 1.66x at 1M
-rows (the driver, which reads lines and cuts shards, shares the cores with them).
+         rows  input MB workers executor  seconds    rows/s  peak RSS MB  driver MB driver CPU s workers CPU s
+      100,000      66.0       1    local      2.6    37,946          235        235          2.5           0.0
+      100,000      66.0       2    local      2.1    46,774          183        174          0.8           2.6
+      300,000     198.4       1    local      6.6    45,697          224        224          6.2           0.0
+      300,000     198.4       2    local      4.6    65,219          187        175          1.4           6.2
+    1,000,000     658.2       1    local     20.6    48,536          216        216         19.6           0.0
+    1,000,000     658.2       2    local     13.9    72,140          182        177          3.9          18.8
+      300,000     198.4       2      ray     14.9    20,145          277        277          2.1             -
+    1,000,000     658.2       2      ray     30.1    33,230          290        290          4.6             -
+
+After (the driver plans byte ranges; workers hash the inputs, index the ranges, read, parse
+and process their own units and write the final shards; one process pool serves the run):
+
+         rows  input MB workers executor  seconds    rows/s  peak RSS MB  driver MB driver CPU s workers CPU s
+      100,000      66.0       1    local      2.6    38,815          233        233          2.5           0.0
+      100,000      66.0       2    local      2.1    47,246          177        148          0.6           2.8
+      300,000     198.4       1    local      6.7    45,081          228        228          6.4           0.0
+      300,000     198.4       2    local      4.3    69,895          232         81          0.4           7.1
+    1,000,000     658.2       1    local     22.9    43,585          213        213         21.8           0.0
+    1,000,000     658.2       2    local     12.3    81,540          222         82          0.5          21.4
+      300,000     198.4       2      ray     14.4    20,880          148        147          1.1             -
+    1,000,000     658.2       2      ray     28.3    35,297          149        147          1.7             -
+
+Single runs vary by ~1 s at 1M rows; repeated alternating runs at 1M gave 1 worker 21.3-21.9 s
+before and 21.6-22.8 s after, 2 workers 13.7-13.9 s before and 12.3-12.6 s after: 2 workers =
+~1.57x one before, 1.74-1.87x after (goal 1.85x: reached in some runs, not reliably). With 2
+workers the driver's CPU at 1M rows fell from 3.9-4.6 s to 0.5 s and its memory from 177 MB to
+82 MB, flat from 300k to 1M rows (Ray: 290 -> 147 MB). What still runs serially: hashing the
+input for the manifest (one worker, ~0.45 s at 1M rows: sha256 cannot be split), starting the
+pool (~0.3 s), and the shard round (~1.1 s, bound by fsync and the disk, not the CPUs).
+With 1 worker everything runs in the driver by design.
 """
 
 from __future__ import annotations
@@ -56,18 +86,34 @@ def build_input(path: Path, rows: int) -> int:
     return path.stat().st_size
 
 
-def run_once(input_path: Path, out: Path, workers: int, batch_rows: int) -> tuple[float, float]:
+# The driver runs in its own interpreter and reports, before it exits, its own peak RSS and
+# CPU seconds (RUSAGE_SELF: the driver alone) and the CPU seconds of its pool workers
+# (RUSAGE_CHILDREN). CPU seconds show where the work runs even on a machine others share.
+DRIVER = ("import resource, sys\n"
+          "from dataguard.cli import main\n"
+          "code = main(sys.argv[2:])\n"
+          "me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+          "open(sys.argv[1], 'w').write(f'{me.ru_maxrss} {me.ru_utime + me.ru_stime} {kids.ru_utime + kids.ru_stime}')\n"
+          "sys.exit(code)\n")
+
+
+def run_once(input_path: Path, out: Path, workers: int, batch_rows: int,
+             executor: str = "local") -> tuple[float, ...]:
+    """Seconds, peak RSS of the process tree (MB), peak RSS of the driver alone (MB), and
+    CPU seconds of the driver and of its workers."""
     config = out.parent / f"{out.name}.yaml"
     config.write_text(f"inputs:\n  - path: {input_path}\n    name: bench\nstages: []\n"
-                      f"batch_rows: {batch_rows}\nreport: false\n")
+                      f"batch_rows: {batch_rows}\nreport: false\nexecutor: {executor}\n")
+    driver_rss = out.parent / f"{out.name}.driver-rss"
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "dataguard.cli", "run", str(config), "--output", str(out),
+    subprocess.run([sys.executable, "-c", DRIVER, str(driver_rss), "run", str(config), "--output", str(out),
                     "--workers", str(workers), "--no-report", "--quiet"], check=True, capture_output=True)
     seconds = time.perf_counter() - start
     # ru_maxrss of children is the max over all waited-for descendants (KiB on Linux).
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return seconds, max(peak, before) / 1024
+    driver_kib, driver_cpu, workers_cpu = (float(x) for x in driver_rss.read_text().split())
+    return seconds, max(peak, before) / 1024, driver_kib / 1024, driver_cpu, workers_cpu
 
 
 def main() -> None:
@@ -75,16 +121,18 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,300000,1000000")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--batch-rows", type=int, default=5000)
-    parser.add_argument("--one", nargs=4, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS"),
+    parser.add_argument("--executor", default="local", choices=("local", "ray"),
+                        help="ray: a local Ray cluster of --workers CPUs (set RAY_TMPDIR to a folder of yours)")
+    parser.add_argument("--one", nargs=5, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS", "EXECUTOR"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        seconds, peak = run_once(Path(args.one[0]), Path(args.one[1]), int(args.one[2]), int(args.one[3]))
-        print(seconds, peak)
+        print(*run_once(Path(args.one[0]), Path(args.one[1]), int(args.one[2]), int(args.one[3]), args.one[4]))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
-    print(f"{'rows':>9} {'input MB':>9} {'workers':>7} {'seconds':>8} {'rows/s':>9} {'peak RSS MB':>12}")
+    print(f"{'rows':>9} {'input MB':>9} {'workers':>7} {'executor':>8} {'seconds':>8} {'rows/s':>9} "
+          f"{'peak RSS MB':>12} {'driver MB':>10} {'driver CPU s':>12} {'workers CPU s':>13}")
     with tempfile.TemporaryDirectory(prefix="dataguard-bench-") as tmp:
         for rows in sizes:
             input_path = Path(tmp) / f"in-{rows}.jsonl"
@@ -92,10 +140,11 @@ def main() -> None:
             for w in workers:
                 # each measurement in its own interpreter so ru_maxrss is not carried over
                 res = subprocess.run([sys.executable, __file__, "--one", str(input_path),
-                                      str(Path(tmp) / f"out-{rows}-{w}"), str(w), str(args.batch_rows)],
-                                     check=True, capture_output=True, text=True)
-                seconds, peak = (float(x) for x in res.stdout.split())
-                print(f"{rows:>9,} {size / 1e6:>9.1f} {w:>7} {seconds:>8.1f} {rows / seconds:>9,.0f} {peak:>12.0f}",
+                                      str(Path(tmp) / f"out-{rows}-{w}"), str(w), str(args.batch_rows),
+                                      args.executor], check=True, capture_output=True, text=True)
+                seconds, peak, driver, driver_cpu, workers_cpu = (float(x) for x in res.stdout.split())
+                print(f"{rows:>9,} {size / 1e6:>9.1f} {w:>7} {args.executor:>8} {seconds:>8.1f} "
+                      f"{rows / seconds:>9,.0f} {peak:>12.0f} {driver:>10.0f} {driver_cpu:>12.1f} {workers_cpu:>13.1f}",
                       flush=True)
             input_path.unlink()
 

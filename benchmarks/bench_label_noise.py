@@ -162,9 +162,9 @@ from cleanlab.filter import find_label_issues  # noqa: E402
 
 from dataguard.noise.confident import FILTERS  # noqa: E402
 from dataguard.noise.crossval import make_classifier  # noqa: E402
-from dataguard.noise.synthetic import inject_class_conditional_noise  # noqa: E402
 from dataguard.records import canonical_table  # noqa: E402
 from dataguard.stages.noise import NoiseStage  # noqa: E402
+from dataguard.testing.noise import inject_class_conditional_noise  # noqa: E402
 from dataguard.text.embeddings import Embedder, embedding_field, to_arrow  # noqa: E402
 from dataguard.text.features import embed_texts  # noqa: E402
 

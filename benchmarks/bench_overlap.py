@@ -57,7 +57,7 @@ counts in the growth table are ~1.75x larger now (split-form variants).
 Data (all real, from ../shared/data): reference items of the five shipped sets (GSM8K test
 question/answer, MMLU test question+choices, HumanEval prompt/solution, TruthfulQA
 question(+best answer), MT-Bench turns/references) planted into alpaca_en_demo rows by
-``dataguard.references.plant`` (kinds: verbatim, edited = case/punctuation/whitespace
+``dataguard.testing.plant`` (kinds: verbatim, edited = case/punctuation/whitespace
 edits, embedded in a longer answer, partial = a 60 % window, near_miss = chunks of <= 10
 tokens, short rows, clean rows). Every method indexes the same items and scans the same
 rows (document-level methods scan the whole conversation as one text).
@@ -150,14 +150,14 @@ import numpy as np  # noqa: E402
 
 from dataguard.records import canonical_table  # noqa: E402
 from dataguard.references import BUILTIN, parse_spec  # noqa: E402
-from dataguard.references.plant import (  # noqa: E402
+from dataguard.stages.overlap import OverlapStage  # noqa: E402
+from dataguard.testing.plant import (  # noqa: E402
     KINDS,
     edit_case_and_spacing,
     edit_punctuation,
     plant,
     row_text,
 )
-from dataguard.stages.overlap import OverlapStage  # noqa: E402
 from dataguard.text import tokenizers as tk  # noqa: E402
 from dataguard.text.normalize_text import NormalizeConfig, normalize_batch  # noqa: E402
 

@@ -1,11 +1,14 @@
 """Benchmark of the HTML audit report: size and speed for big runs, and the chart approach.
 
-Part A - scale: synthetic output folders (dataguard.report.demo) of 10k, 100k and 1M input
-rows with every rejected row really written to Arrow stream shards (about 4.8 % of the
-input; the kept shard is capped at 2,000 rows since the report only previews it). For
-each: build time and peak memory of ``build_report`` (in a fresh process), HTML and JSON
-size, rejected rows read by the bounded sampler, and load time in headless Chromium
-(navigation to load event, first contentful paint; median of 3).
+Part A - scale: a real run of the SFT sample pipeline (``dataguard.testing.runs.sft_run``:
+normalize, dedup, length, quality, overlap over sample_data/ plus the payload rows; about
+25 % of rows rejected, 12 reasons) copied to 10k, 100k and 1M input rows with
+``scaled_copy``: every rejected row of every copy really written to Arrow stream shards,
+grouped by reason with the rarest last (the sampler's worst case: it reads them all), the
+kept shard written once since the report only previews it. For each: build time and peak
+memory of ``build_report`` (in a fresh process), HTML and JSON size, rejected rows read by
+the bounded sampler, and load time in headless Chromium (navigation to load event, first
+contentful paint; median of 3).
 
 Part B - chart approach: the same charts of the 1M report (every histogram and bar block)
 drawn three ways in otherwise identical pages: static inline SVG generated in Python (what
@@ -35,8 +38,8 @@ from pathlib import Path
 from dataguard.report import collect
 from dataguard.report.assets import CSS, csp_hash
 from dataguard.report.blocks import render_block
-from dataguard.report.browser import Chromium
-from dataguard.report.demo import SFT, write_demo_output
+from dataguard.testing.browser import Chromium
+from dataguard.testing.runs import scaled_copy, sft_run
 
 REPO = Path(__file__).resolve().parent.parent
 PERF = ("(() => {const n = performance.getEntriesByType('navigation')[0];"
@@ -79,11 +82,12 @@ def browser_times(browser: Chromium, page: Path, repeat: int = 3, wait_done: boo
 
 def part_a(sizes: list[int], work: Path, browser: Chromium) -> list[dict]:
     rows = []
+    real = sft_run(work / "real", payloads=True)
     for n in sizes:
         print(f"scale {n:,}", file=sys.stderr, flush=True)
         out = work / f"run-{n}"
         t = time.perf_counter()
-        write_demo_output(out, rows_in=n, stages=SFT, kept_rows=2000)
+        scaled_copy(real, out, n)
         gen = time.perf_counter() - t
         built = build_in_fresh_process(out)
         html = out / "audit.html"

@@ -12,25 +12,16 @@ set DATAGUARD_TRACEBACK=1 to see the traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+from dataguard.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, check_output, os_message
+from dataguard.cli_inspect import build_report, inspect_command, report_command
+from dataguard.cli_train import convert_command, train_command, train_report_command
 
-
-class CliError(Exception):
-    """A failure to report as one line with an exit code (no traceback)."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "CliError", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed as one line
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    command = {"run": _run, "inspect": _inspect, "report": _report, "train": _train,
-               "convert": _convert, "train-report": _train_report}[args.command]
+    command = {"run": _run, "inspect": inspect_command, "report": report_command, "train": train_command,
+               "convert": convert_command, "train-report": train_report_command}[args.command]
     try:
         code = command(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
@@ -137,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush is quiet
         return 0
     except OSError as exc:
-        return _fail(f"{args.command} failed: {_os_message(exc)}", EXIT_FAILED)
+        return _fail(f"{args.command} failed: {os_message(exc)}", EXIT_FAILED)
     except Exception as exc:  # noqa: BLE001 - the promise is one line, even for our own bugs
         if os.environ.get("DATAGUARD_TRACEBACK"):
             raise
@@ -148,16 +139,6 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(message: str, code: int) -> int:
     print(f"dataguard: {' '.join(message.split())}", file=sys.stderr)
     return code
-
-
-def _os_message(exc: OSError) -> str:
-    """'<strerror>: <filename>', plus what to do about a full disk."""
-    text = exc.strerror or str(exc)
-    if exc.filename is not None:
-        text += f": {exc.filename}"
-    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        text += " (free some space and run again: finished work is kept and resumed)"
-    return text
 
 
 # ------------------------------------------------------------------ run
@@ -177,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else config.output
     if output is None:
         raise CliError(f"no output folder: pass --output or set `output:` in {args.config}")
-    _check_output(output)
+    check_output(output)
     if args.executor:
         config.executor = args.executor
     if config.executor == "ray":
@@ -191,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_report and config.report is not False:
         html = Path(args.report) if args.report else (config.report if isinstance(config.report, Path)
                                                        else None)
-        print(f"report:   {_build_report(output, html)}")
+        print(f"report:   {build_report(output, html)}")
     return 0
 
 
@@ -210,20 +191,6 @@ def _check_inputs(paths: list[str]) -> None:
         seen.add(resolved)
 
 
-def _check_output(output: Path) -> None:
-    """Refuse, before any work, an output that cannot be a folder we can write in. (The
-    pipeline checks again when it claims the folder; this only makes the message early.)"""
-    if output.exists() and not output.is_dir():
-        raise CliError(f"output {output}: is a file, not a folder")
-    probe = output
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if probe != output and not probe.is_dir():
-        raise CliError(f"output {output}: {probe} is a file, so no folder can be made inside it")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise CliError(f"output {output}: permission denied: cannot write in {probe}")
-
-
 def _check_ray() -> None:
     import importlib.util
 
@@ -238,205 +205,6 @@ def _print_result(result: Any, output: Path) -> None:
     print(f"shards:   {output / 'data'}")
     print(f"rejected: {output / 'rejected'}")
     print(f"manifest: {output / 'manifest.json'}")
-
-
-def _build_report(output: Path, html: Path | None) -> Path:
-    from dataguard.report.build import build_report
-
-    try:
-        return build_report(output, html)
-    except OSError as exc:
-        raise CliError(f"could not build the report: {_os_message(exc)}", EXIT_FAILED) from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise CliError(f"could not build the report from {output}: {exc}", EXIT_FAILED) from None
-
-
-# ------------------------------------------------------------------ train and convert
-def _train(args: argparse.Namespace) -> int:
-    from dataguard.config import ConfigError
-    from dataguard.train.config import load_train_config
-
-    overrides: dict[str, Any] = {}
-    if args.output:
-        overrides["output"] = args.output
-    if args.max_steps:
-        overrides["max_steps"] = args.max_steps
-    source: Any = args.config
-    if Path(args.config).is_dir():  # `dataguard train --resume RUN`: the settings saved with the run
-        source = _run_settings(Path(args.config), args.resume)
-        overrides.setdefault("output", args.config)
-    try:
-        cfg = load_train_config(source, overrides=overrides or None)
-    except ConfigError as exc:
-        raise CliError(f"config error: {exc}") from None
-    _check_output(Path(cfg.output))
-    from dataguard.train.loop import Trainer
-
-    trainer = Trainer(cfg, progress=not args.quiet and sys.stderr.isatty(), echo=print)
-    import warnings
-
-    def one_line(message: Any, category: Any, *_: Any, **__: Any) -> None:
-        if issubclass(category, UserWarning) and not issubclass(category, FutureWarning | DeprecationWarning):
-            print(f"dataguard: warning: {' '.join(str(message).split())}", file=sys.stderr)
-
-    try:
-        with warnings.catch_warnings():
-            warnings.showwarning = one_line
-            result = trainer.fit(resume=args.resume)
-    except _train_errors() as exc:
-        if (Path(cfg.output) / "metrics.jsonl").is_file():  # a stopped run's page says why
-            with contextlib.suppress(CliError):
-                print(f"report:     {_build_training_report(Path(cfg.output))}")  # stderr stays one line
-        raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
-    last = f"  loss {result.final_loss:.4f}" if result.final_loss is not None else ""
-    print(f"steps {result.steps}/{result.total_steps}{last}  skipped {result.skipped_steps}"
-          f"{'  (early stop)' if result.stopped_early else ''}")
-    if result.last_eval:
-        print("eval:       " + "  ".join(f"{k} {v:.4f}" for k, v in result.last_eval.items()))
-    print(f"checkpoint: {result.checkpoint}")
-    print(f"metrics:    {Path(cfg.output) / 'metrics.jsonl'}")
-    print(f"report:     {_build_training_report(Path(cfg.output))}")
-    return 0
-
-
-def _build_training_report(run: Path, html: Path | None = None) -> Path:
-    from dataguard.train.report import ReportInputError, build_training_report
-
-    try:
-        return build_training_report(run, html)
-    except (ReportInputError, OSError, ValueError) as exc:  # OutputFolderError is a ValueError
-        raise CliError(f"could not build the training report: {exc}", EXIT_FAILED) from None
-
-
-def _train_report(args: argparse.Namespace) -> int:
-    print(f"report: {_build_training_report(Path(args.run), Path(args.html) if args.html else None)}")
-    return 0
-
-
-def _run_settings(run: Path, resume: bool) -> dict[str, Any]:
-    from dataguard.train.checkpoint import latest_checkpoint
-
-    if not resume:
-        raise CliError(f"{run} is a folder: pass a config file, or --resume to continue that run")
-    latest = latest_checkpoint(run)
-    if latest is None:
-        raise CliError(f"{run}: no complete checkpoint to resume from")
-    try:
-        settings = json.loads((latest / "state.json").read_text())["config"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise CliError(f"{latest}: unreadable state.json ({exc})", EXIT_FAILED) from None
-    return {k: v for k, v in settings.items() if v is not None}
-
-
-def _train_errors() -> tuple[type[Exception], ...]:
-    from dataguard.train.checkpoint import CheckpointError
-    from dataguard.train.convert import ConvertError
-    from dataguard.train.data import TrainDataError
-    from dataguard.train.loop import TrainError
-    from dataguard.train.model import ModelError
-    from dataguard.train.sampler import SamplerError
-
-    return (TrainError, TrainDataError, ModelError, CheckpointError, ConvertError, SamplerError)
-
-
-def _convert(args: argparse.Namespace) -> int:
-    from dataguard.train.convert import convert_checkpoint
-
-    try:
-        out = convert_checkpoint(args.source, args.out)
-    except _train_errors() as exc:
-        raise CliError(f"convert failed: {exc}", EXIT_FAILED) from None
-    print(f"model: {out}")
-    return 0
-
-
-# ------------------------------------------------------------------ report and inspect
-def _report(args: argparse.Namespace) -> int:
-    output = Path(args.output)
-    _read_manifest(output)
-    print(f"report: {_build_report(output, Path(args.html) if args.html else None)}")
-    return 0
-
-
-def _read_manifest(output: Path) -> dict[str, Any]:
-    """The manifest of a finished run, or a CliError saying why there is none."""
-    if not output.is_dir():
-        raise CliError(f"{output} has no manifest.json (no such folder)" if not output.exists()
-                       else f"{output}: is a file, not a folder")
-    path = output / "manifest.json"
-    if not path.is_file():
-        raise CliError(f"{output} has no manifest.json (not a finished run)")
-    try:
-        manifest = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise CliError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), t) for k, t in _MANIFEST_KEYS):
-        raise CliError(f"{path}: not a dataguard manifest (needs {', '.join(k for k, _ in _MANIFEST_KEYS)})")
-    return manifest
-
-
-_MANIFEST_KEYS = (("counts", dict), ("inputs", list), ("stages", list), ("outputs", dict))
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    output = Path(args.output)
-    manifest = _read_manifest(output)
-    try:
-        lines = _summary_lines(manifest)
-        shown = _rejected_examples(output, manifest, args.examples)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CliError(f"{output / 'manifest.json'}: not a valid dataguard manifest "
-                       f"({type(exc).__name__}: {exc})") from None
-    print("\n".join(lines))
-    if shown:
-        print("\nrejected examples:")
-        for reason, rows in shown.items():
-            print(f"  [{reason}]")
-            for row in rows:
-                record = (row.get("record") or "").replace("\n", " ")
-                print(f"    {row.get('id')}: {row.get('detail')}")
-                print(f"      {record[:160]}{'...' if len(record) > 160 else ''}")
-    return 0
-
-
-def _summary_lines(manifest: dict[str, Any]) -> list[str]:
-    counts = manifest["counts"]
-    lines = [f"rows in {counts['rows_in']:,}  kept {counts['rows_kept']:,}  rejected {counts['rows_rejected']:,}  "
-             f"nothing lost: {'yes' if counts['balanced'] else 'NO'}", "", "inputs:"]
-    for item in manifest["inputs"]:
-        lines.append(f"  {item['name']:<32} {item.get('rows', 0):>9,} rows  {item.get('reader', '')}")
-    lines += ["", "stages:"]
-    for stage in manifest["stages"]:
-        lines.append(f"  {stage['name']:<14} in {stage['rows_in']:>9,}  kept {stage['rows_kept']:>9,}  "
-                     f"rejected {stage['rows_rejected']:>7,}")
-        for reason, n in stage["reasons"].items():
-            lines.append(f"      {reason:<28} {n:>8,}")
-    return lines
-
-
-def _rejected_examples(output: Path, manifest: dict[str, Any], per_reason: int) -> dict[str, list[dict]]:
-    """Up to ``per_reason`` rejected rows per reason, read shard by shard until enough."""
-    import pyarrow as pa
-
-    from dataguard.io.writer import read_table
-
-    wanted = {reason: per_reason for stage in manifest["stages"] for reason in stage["reasons"]}
-    shown: dict[str, list[dict]] = {}
-    for shard in manifest["outputs"].get("rejected", []):
-        if not any(wanted.values()):
-            break
-        path = output / shard["path"]
-        try:
-            rows = read_table(path).to_pylist()
-        except (OSError, pa.ArrowException) as exc:
-            raise CliError(f"cannot read rejected shard {path}: {exc}", EXIT_FAILED) from None
-        for row in rows:
-            if wanted.get(row.get("reason"), 0) > 0:
-                wanted[row["reason"]] -= 1
-                shown.setdefault(row["reason"], []).append(row)
-    return shown
 
 
 if __name__ == "__main__":

@@ -7,30 +7,28 @@ parameter (expected one of: action, factor, ...)``.
 Relative paths are taken from the working directory (like datatrove and data-juicer);
 an input path that only exists next to the config file is found there too.
 
-Hostile files are bounded before anything walks them: the file size, the nesting depth and
-the number of values after YAML aliases are expanded (a 400-byte "billion laughs" file
-would otherwise expand to billions of values in any walk over the data, and in the
-manifest, which stores the config as JSON).
+Reading the YAML safely and locating lines lives in `dataguard.config_yaml`; building the
+stages in `dataguard.config_stages`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
-import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dataguard.config_stages import _blamed_param, build_normalizer, build_stages
+from dataguard.config_yaml import MAX_DEPTH, ConfigError, Located, _Located, load_yaml_document
 from dataguard.io.readers import READERS, InputError, InputSpec
-from dataguard.stage import Stage, StageConfigError
-from dataguard.stages import STAGE_PATHS, stage_class
+from dataguard.stage import Stage
 from dataguard.stages.normalize_aliases import parse_alias
+
+__all__ = ["MAX_DEPTH", "ConfigError", "LoadedConfig", "Located", "_Located", "_blamed_param", "input_problem",
+           "load_config", "load_yaml_document", "replacement_specs"]
 
 TOP_LEVEL: dict[str, str] = {
     "inputs": "list of inputs (required)",
@@ -49,12 +47,6 @@ TOP_LEVEL: dict[str, str] = {
 INPUT_KEYS = ("path", "name", "format", "reader", "aliases", "text_field", "label_field", "json_key")
 FORMATS = ("auto", "alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
 
-# Bounds on a config file. Real pipeline configs are a few KB, a handful of levels deep and
-# a few hundred values; these leave orders of magnitude of room and stop hostile files early.
-MAX_CONFIG_BYTES = 1 << 20
-MAX_DEPTH = 64
-MAX_VALUES = 100_000
-
 # Stage parameters that name inputs of the run (by `name:`), per stage. Such inputs must
 # exist in `inputs:`, and `--input` keeps them (see `load_config(replace_inputs=...)`).
 INPUT_NAME_PARAMS: dict[str, tuple[str, ...]] = {"overlap": ("validation_sources",),
@@ -63,31 +55,6 @@ INPUT_NAME_PARAMS: dict[str, tuple[str, ...]] = {"overlap": ("validation_sources
 
 # Markers of a folder that `datasets.load_from_disk` can read (a saved Dataset).
 DATASET_FOLDER_FILES = ("dataset_info.json", "state.json")
-
-_BASE_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~20x faster
-_TIMESTAMP = "tag:yaml.org,2002:timestamp"
-_MERGE = "tag:yaml.org,2002:merge"
-
-
-class _Loader(_BASE_LOADER):  # type: ignore[misc, valid-type]
-    """The safe loader, reading unquoted dates as text (a config has no use for dates, and
-    `2024-13-45` would otherwise fail without a line) and remembering the node it builds,
-    so a value that cannot be built (a 5000-digit integer) is reported at its line."""
-
-    yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
-        for first, resolvers in _BASE_LOADER.yaml_implicit_resolvers.items()
-    }
-    last_node: yaml.Node | None = None
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        self.last_node = node
-        return super().construct_object(node, deep)
-
-
-class ConfigError(ValueError):
-    """One clear message naming the file, the line and the key."""
-
 
 @dataclass
 class LoadedConfig:
@@ -118,60 +85,6 @@ class LoadedConfig:
                         ray_address=self.ray_address)
 
 
-class _Located:
-    """Maps a key path like ('stages', 1, 'length') to its line in the YAML file."""
-
-    def __init__(self, filename: str, node: yaml.Node | None) -> None:
-        self.filename = filename
-        self.lines: dict[tuple[Any, ...], int] = {}
-        if node is not None:
-            self._walk(node)
-
-    def _walk(self, root: yaml.Node) -> None:
-        """Record the line of every key path, depth first in document order. A node reached
-        again through an alias is not entered again (paths inside it fall back to the
-        alias's key, or to where the anchored value is written), so the walk is linear in
-        the file, never in the aliases' expansion."""
-        seen: set[int] = set()
-        todo: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
-        while todo:
-            node, path = todo.pop()
-            self.lines.setdefault(path, node.start_mark.line + 1)
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if isinstance(node, yaml.MappingNode):
-                for key_node, value_node in reversed(node.value):
-                    key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-                    if path + (key,) not in self.lines:  # the last of merged (<<) and own keys wins
-                        self.lines[path + (key,)] = key_node.start_mark.line + 1
-                        todo.append((value_node, path + (key,)))
-            elif isinstance(node, yaml.SequenceNode):
-                todo.extend((item, path + (i,)) for i, item in reversed(list(enumerate(node.value))))
-
-    def line(self, path: tuple[Any, ...]) -> int | None:
-        probe = path
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        return self.lines.get(probe)
-
-    def error(self, path: tuple[Any, ...], message: str) -> ConfigError:
-        line = self.line(path)
-        where = f"{self.filename}:{line}" if line else self.filename
-        key = _path_text(path)
-        return ConfigError(f"{where}: {key}: {message}" if key else f"{where}: {message}")
-
-
-Located = _Located  # the public name: other config loaders (train) use it for their errors
-
-
-def _path_text(path: tuple[Any, ...]) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
 def load_config(source: str | Path | dict[str, Any], *,
                 replace_inputs: Sequence[str | Path] | None = None) -> LoadedConfig:
     """Parse and validate a YAML file (or an already-parsed dict).
@@ -188,168 +101,6 @@ def load_config(source: str | Path | dict[str, Any], *,
     return _validate(data, loc, path.parent, path, replace_inputs)
 
 
-def load_yaml_document(path: Path) -> tuple[Any, Located]:
-    """Read, bound and parse one YAML config file into plain data plus its line locator.
-
-    Shared by the pipeline and the train config so both refuse the same bad files (invalid
-    UTF-8, deep nesting, alias bombs, non-JSON values) with the same one-line errors.
-    """
-    node, data = _parse(_read_text(path), str(path))
-    if data is None:
-        raise ConfigError(f"{path}: the config is empty")
-    loc = _Located(str(path), node)
-    _check_plain(data, (), loc)
-    return data, loc
-
-
-# ------------------------------------------------------------------ reading and parsing
-def _read_text(path: Path) -> str:
-    """The config's text, or a ConfigError that says why it cannot be read."""
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(mode):
-        raise ConfigError(f"{path}: is a folder; give the pipeline YAML file inside it")
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"{path}: not a regular file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB; this is not a pipeline config")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                          "save the config as UTF-8") from None
-
-
-def _parse(text: str, filename: str) -> tuple[yaml.Node | None, Any]:
-    """Compose and construct one YAML document, after `_check_bounds` proved it small."""
-    try:
-        _check_bounds(text, filename)
-    except yaml.YAMLError as exc:
-        raise _yaml_error(exc, filename, text) from None
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            _check_duplicate_keys(node, filename)
-        data = loader.construct_document(node) if node is not None else None
-    except ConfigError:
-        raise
-    except yaml.YAMLError as exc:
-        raise _yaml_error(exc, filename, text) from None
-    except (ValueError, TypeError, OverflowError) as exc:  # e.g. !!int with 5000 digits
-        line = f":{loader.last_node.start_mark.line + 1}" if loader.last_node is not None else ""
-        raise ConfigError(f"{filename}{line}: invalid YAML value: {_one_line(str(exc))}") from None
-    finally:
-        loader.dispose()
-    return node, data
-
-
-def _check_duplicate_keys(root: yaml.Node, filename: str) -> None:
-    """A key written twice in one mapping is a mistake YAML forgives silently (the last
-    wins): a second `stages:` would drop the first list without a word."""
-    seen: set[int] = set()
-    todo = [root]
-    while todo:
-        node = todo.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], int] = {}
-            for key_node, value_node in node.value:
-                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE:
-                    key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
-                    if key in first:
-                        raise ConfigError(f"{filename}:{line}: {key_node.value}: duplicate key (first on line "
-                                          f"{first[key]}); YAML would silently keep only the last")
-                    first[key] = line
-                todo.append(value_node)
-        elif isinstance(node, yaml.SequenceNode):
-            todo.extend(node.value)
-
-
-def _yaml_error(exc: yaml.YAMLError, filename: str, text: str) -> ConfigError:
-    """A YAML error as one line: file, line, what is wrong and where it started."""
-    mark = getattr(exc, "problem_mark", None)
-    line = mark.line + 1 if mark is not None else None
-    if line is None and isinstance(getattr(exc, "position", None), int):  # a ReaderError
-        line = text.count("\n", 0, exc.position) + 1
-    problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
-    context = getattr(exc, "context", None)
-    context_mark = getattr(exc, "context_mark", None)
-    if context:
-        where = f" at line {context_mark.line + 1}" if context_mark is not None else ""
-        problem = f"{problem} ({context}{where})"
-    return ConfigError(f"{filename}{f':{line}' if line else ''}: invalid YAML: {_one_line(problem)}")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _check_bounds(text: str, filename: str) -> None:
-    """Walk the event stream once (no recursion, no expansion) and refuse documents nested
-    deeper than MAX_DEPTH or holding more than MAX_VALUES values once aliases are
-    expanded. Each anchor's expanded size is remembered, so an alias costs O(1)."""
-    sizes: dict[str, int] = {}  # anchor -> expanded size of its node
-    open_anchors: set[str] = set()
-    stack: list[list[Any]] = []  # open collections: [anchor, expanded size so far]
-    total = 0
-    for event in yaml.parse(text, Loader=_Loader):
-        line = event.start_mark.line + 1
-        if isinstance(event, yaml.CollectionStartEvent):
-            if len(stack) >= MAX_DEPTH:
-                raise ConfigError(f"{filename}:{line}: nested deeper than {MAX_DEPTH} levels; "
-                                  "a pipeline config needs only a few")
-            stack.append([event.anchor, 1])
-            if event.anchor:
-                open_anchors.add(event.anchor)
-            continue
-        if isinstance(event, yaml.CollectionEndEvent):
-            anchor, size = stack.pop()
-            if anchor:
-                open_anchors.discard(anchor)
-                sizes[anchor] = size
-        elif isinstance(event, yaml.ScalarEvent):
-            size = 1
-            if event.anchor:
-                sizes[event.anchor] = size
-        elif isinstance(event, yaml.AliasEvent):
-            size = _alias_size(event.anchor, sizes, open_anchors, filename, line)
-        else:
-            continue
-        if stack:
-            stack[-1][1] += size
-            grown = stack[-1][1]
-        else:
-            total += size
-            grown = total
-        if grown > MAX_VALUES:
-            raise ConfigError(f"{filename}:{line}: the config holds more than {MAX_VALUES:,} values once its "
-                              "YAML aliases (*name) are expanded; write the repeated parts out or simplify it")
-
-
-def _alias_size(anchor: str, sizes: dict[str, int], open_anchors: set[str], filename: str, line: int) -> int:
-    if anchor in open_anchors:
-        raise ConfigError(f"{filename}:{line}: the alias *{anchor} refers to a value that contains it "
-                          "(a cycle)")
-    if anchor not in sizes:
-        raise ConfigError(f"{filename}:{line}: invalid YAML: the alias *{anchor} has no anchor &{anchor} "
-                          "before it")
-    return sizes[anchor]
-
-
-# ------------------------------------------------------------------ validation
 def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
               replace_inputs: Sequence[str | Path] | None = None) -> LoadedConfig:
     if not isinstance(data, dict):
@@ -370,8 +121,8 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
         raw = {**data, "inputs": [{"path": str(s.path), "name": s.name} for s in extra]
                + [data["inputs"][i] for i in keep]}
         inputs = extra + inputs
-    stages = _stages(data.get("stages") or [], loc)
-    normalizer = _normalizer(data.get("normalize") or {}, loc)
+    stages = build_stages(data.get("stages") or [], loc)
+    normalizer = build_normalizer(data.get("normalize") or {}, loc)
     output = data.get("output")
     if output is not None and (not isinstance(output, str) or not output):
         raise loc.error(("output",), f"must be a path string, got {output!r}")
@@ -397,25 +148,6 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
         shard_bytes=ints["shard_bytes"], raw=raw,
         kept_inputs=[items[i]["name"] for i in keep] if replacing else [],
     )
-
-
-_PLAIN_SCALARS = (str, int, float, bool, type(None))
-
-
-def _check_plain(value: Any, path: tuple[Any, ...], loc: _Located) -> None:
-    """Only JSON-like values: the config is stored in the manifest as JSON, and YAML's
-    dates, sets and binary values would fail there, after the whole run."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, _PLAIN_SCALARS):
-                raise loc.error(path, f"unsupported key of type {type(key).__name__}; quote it")
-            _check_plain(item, path + (key,), loc)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_plain(item, path + (i,), loc)
-    elif not isinstance(value, _PLAIN_SCALARS):
-        raise loc.error(path, f"unsupported value of type {type(value).__name__}; write it as a quoted string "
-                              "or a number")
 
 
 def _executor(value: Any, loc: _Located) -> str:
@@ -576,94 +308,3 @@ def _referenced_inputs(stages: Any, items: list[dict[str, Any]], loc: _Located) 
                                     f"no input named {name!r} (the config's inputs: {known})")
                 referenced.add(name)
     return referenced
-
-
-# ------------------------------------------------------------------ stages
-def _stages(value: Any, loc: _Located) -> list[Stage]:
-    if not isinstance(value, list):
-        raise loc.error(("stages",), "must be a list like [{length: {percentile: 90}}]")
-    stages = []
-    for i, item in enumerate(value):
-        here = ("stages", i)
-        if isinstance(item, str):
-            item = {item: {}}
-        if not isinstance(item, dict) or len(item) != 1:
-            raise loc.error(here, "each stage must be one `name: {params}` mapping")
-        (name, params), = item.items()
-        if name not in STAGE_PATHS:
-            raise loc.error(here + (name,), f"unknown stage (expected one of: {', '.join(STAGE_PATHS)})")
-        stages.append(_build(stage_class(name), params, loc, here + (name,)))
-    return stages
-
-
-def _normalizer(params: Any, loc: _Located) -> Stage:
-    from dataguard.stages.normalize import Normalizer
-
-    return _build(Normalizer, params, loc, ("normalize",))
-
-
-def _path_checks() -> dict[str, Callable[[Any], None]]:
-    """Parameters that name local files, checked here for every stage that takes them
-    (raise ValueError starting with the parameter name), so a missing tokenizer or model
-    is a config error at its line, not a worker's crash an hour into the run."""
-    from dataguard.text.embeddings import check_model_path
-    from dataguard.text.tokenizers import check_tokenizer_spec
-
-    return {"tokenizer": check_tokenizer_spec, "model": check_model_path}
-
-
-def _build(cls: type[Stage], params: Any, loc: _Located, here: tuple[Any, ...]) -> Stage:
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise loc.error(here, "stage parameters must be a mapping")
-    accepted = _accepted_params(cls)
-    for key in params:
-        if accepted is not None and key not in accepted:
-            raise loc.error(here + (key,), f"unknown parameter (expected one of: {', '.join(sorted(accepted))})")
-    for key, check in _path_checks().items():
-        if params.get(key) is not None:
-            try:
-                check(params[key])
-            except ValueError as exc:
-                raise loc.error(here + (key,), _strip_param(str(exc), key)) from None
-            except OSError as exc:  # e.g. a folder on the way that we may not enter
-                raise loc.error(here + (key,), f"cannot read: {exc.strerror or exc}: {params[key]}") from None
-    try:
-        return cls(**params)
-    except StageConfigError as exc:
-        bad = _blamed_param(exc, params)
-        message = _strip_param(str(exc), bad) if bad else str(exc)
-        raise loc.error(here + ((bad,) if bad else ()), _one_line(message)) from None
-    except (TypeError, ValueError) as exc:
-        raise loc.error(here, f"invalid parameters: {_one_line(str(exc))}") from None
-    except OSError as exc:  # a stage reading a file it was given (e.g. a reference set)
-        raise loc.error(here, _one_line(f"{exc.strerror or exc}: {exc.filename or ''}")) from None
-
-
-def _blamed_param(exc: StageConfigError, params: dict[str, Any]) -> str | None:
-    """The parameter a StageConfigError is about: its ``param`` attribute when set, else
-    the key its message starts with ("mode: must be ..."), else a key it names as a word."""
-    param = getattr(exc, "param", None)
-    if isinstance(param, str) and param in params:
-        return param
-    message = str(exc)
-    keys = sorted((k for k in params if isinstance(k, str)), key=len, reverse=True)
-    starts = next((k for k in keys if re.match(rf"{re.escape(k)}\b", message)), None)
-    if starts is not None:
-        return starts
-    return next((k for k in keys if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", message)), None)
-
-
-def _strip_param(message: str, param: str) -> str:
-    """'mode: must be ...' -> 'must be ...' (the key path already names the parameter)."""
-    prefix = f"{param}:"
-    return message[len(prefix):].strip() if message.startswith(prefix) else message
-
-
-def _accepted_params(cls: type[Stage]) -> set[str] | None:
-    sig = inspect.signature(cls.__init__)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return None
-    return {name for name, p in sig.parameters.items() if name != "self"
-            and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}

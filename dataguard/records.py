@@ -16,6 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 ROLES = ("system", "user", "assistant", "tool")
+# The two sides of a conversation, defined here once for every stage, feature and trainer:
+# the prompt side is everything the model is conditioned on, the response side everything
+# it is trained to produce.
+PROMPT_ROLES = ("system", "user", "tool")
+RESPONSE_ROLES = ("assistant",)
+SIDE_ROLES = {"prompt": PROMPT_ROLES, "response": RESPONSE_ROLES, "full": ROLES}
 
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
 MESSAGES_TYPE = pa.list_(MESSAGE_TYPE)
@@ -183,8 +189,7 @@ def flat_messages(table: pa.Table) -> tuple[np.ndarray, pa.StructArray]:
 def message_texts(table: pa.Table, roles: Iterable[str]) -> list[str]:
     """Join the contents of the messages with the given roles, one string per row.
 
-    Used by stages that score "the prompt side" (system+user) or "the response side"
-    (assistant) of a conversation.
+    Used for a side of a conversation (``SIDE_ROLES``: the prompt side, the response side).
     """
     wanted = set(roles)
     out = []
@@ -194,13 +199,13 @@ def message_texts(table: pa.Table, roles: Iterable[str]) -> list[str]:
 
 
 def prompt_texts(table: pa.Table) -> list[str]:
-    """Everything the model is conditioned on: system, user and tool turns."""
-    return message_texts(table, ("system", "user", "tool"))
+    """The prompt side of each row (``PROMPT_ROLES``: system, user and tool turns)."""
+    return message_texts(table, PROMPT_ROLES)
 
 
 def response_texts(table: pa.Table) -> list[str]:
-    """Everything the model is trained to produce: assistant turns."""
-    return message_texts(table, ("assistant",))
+    """The response side of each row (``RESPONSE_ROLES``: assistant turns)."""
+    return message_texts(table, RESPONSE_ROLES)
 
 
 def full_texts(table: pa.Table) -> list[str]:

@@ -1,7 +1,13 @@
 """The stage contract every pipeline step follows.
 
-Life of a stage in a run (see `dataguard.pipeline`):
+Declared once per stage class: ``constraints`` (what each ``__init__`` keyword may be,
+checked generically before ``__init__`` runs; see `dataguard.params`) and ``reasons`` (every
+reason code ``apply`` may reject with, checked when rows are rejected).
 
+Life of a stage in a run (see `dataguard.pipeline` and `dataguard.run.segment`):
+
+0. ``prepare()`` - in the driver, once, before any unit: read what the stage needs from
+   disk (a reference dataset). ``__init__`` does no I/O (config validation calls it).
 1. ``score(batch)`` - row-local, adds measurement columns (token counts, ratios, ...).
    Runs fused with the previous row-local work, in worker processes.
 2. ``summarize(batch)`` - only when ``needs_fit``: a small, picklable, mergeable summary of
@@ -9,8 +15,9 @@ Life of a stage in a run (see `dataguard.pipeline`):
 3. ``fit(summaries)`` - only when ``needs_fit``: merges all summaries (in input order, so
    results are deterministic) into the stage's state. Runs once in the driver.
 4. ``apply(batch) -> Outcome`` - row-local decision: kept rows (with columns) and rejected
-   rows with reasons, plus optional per-batch ``stats`` (picklable, mergeable). Workers.
-5. ``absorb(stats_list)`` - the driver hands back all per-batch stats in input order.
+   rows with declared reasons, plus the batch's statistics as a `dataguard.tally.Tally`.
+5. ``absorb(stats_list)`` - the driver hands back all batches' tallies in input order; the
+   base class merges them into ``self.tally`` (a stage overrides it only to derive state).
 6. ``describe() -> dict`` - statistics and examples for the manifest and audit report.
 
 A stage that needs no global statistics leaves ``needs_fit = False`` and only implements
@@ -47,7 +54,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.params import Allowed, first_problem
 from dataguard.records import empty_rejected, reject_rows
+from dataguard.tally import Tally
 
 
 @dataclass
@@ -84,17 +93,29 @@ class StageConfigError(ValueError):
         self.param = param
 
 
+class UndeclaredReasonError(RuntimeError):
+    """A stage rejected rows with a reason code it does not declare."""
+
+
 class Stage:
     """Base class: override what your stage needs. Instances must be picklable."""
 
     name: ClassVar[str] = "stage"
     needs_fit: ClassVar[bool] = False
+    # What each keyword argument may be (see `dataguard.params`); checked before __init__.
+    constraints: ClassVar[dict[str, Allowed]] = {}
+    # The reason codes this stage may reject rows with: code -> what it means (README table).
+    reasons: ClassVar[dict[str, str]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage:
+        problem = first_problem(cls.constraints, kwargs)
+        if problem is not None:
+            raise StageConfigError(problem[1], param=problem[0])
         # Remember the constructor's keyword arguments so a run started from Python can
         # record its configuration in the manifest exactly like a YAML run does.
         obj = super().__new__(cls)
         obj._params = dict(kwargs)
+        obj.tally = Tally()
         return obj
 
     def params(self) -> dict[str, Any]:
@@ -119,6 +140,11 @@ class Stage:
                 out[name] = p.default
         return out
 
+    def prepare(self) -> None:
+        """Read what the stage needs from disk (a reference dataset), once, in the driver,
+        before any unit runs - never in ``__init__``, which config validation calls.
+        Raise ``StageConfigError`` (naming the parameter) for a problem found here."""
+
     def score(self, batch: pa.Table) -> pa.Table:
         """Add measurement columns. Row-local; default adds nothing."""
         return batch
@@ -136,7 +162,19 @@ class Stage:
         return Outcome(kept=batch)
 
     def absorb(self, stats: Sequence[Any]) -> None:
-        """Receive every batch's ``Outcome.stats`` (in input order) in the driver."""
+        """Receive every batch's ``Outcome.stats`` (in input order) in the driver: by default
+        `Tally`s, merged into ``self.tally`` for ``describe``."""
+        self.tally = Tally.merge(stats)
+
+    def check_rejected(self, rejected: pa.Table) -> None:
+        """Refuse reason codes the stage does not declare in ``reasons`` (a programming
+        error: the README table, the report and users' filters rely on the declared set)."""
+        if rejected.num_rows == 0 or "reason" not in rejected.column_names:
+            return
+        unknown = sorted(set(pc.unique(rejected.column("reason")).to_pylist()) - set(self.reasons) - {None})
+        if unknown:
+            raise UndeclaredReasonError(f"stage {self.name!r} rejected rows with reason(s) {unknown}, which its "
+                                        f"`reasons` does not declare (declared: {sorted(self.reasons)})")
 
     def describe(self) -> dict[str, Any]:
         """Statistics and examples for the manifest and the audit report."""
@@ -145,3 +183,8 @@ class Stage:
     def output_columns(self) -> dict[str, pa.DataType]:
         """Columns this stage adds (name -> type), used to keep shard schemas stable."""
         return {}
+
+    def training_state(self) -> dict[str, Any] | None:
+        """What the training runner needs from this stage (priors, offsets, caps), written to
+        the manifest's ``training`` section under the stage's name; None: nothing."""
+        return None

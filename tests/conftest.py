@@ -40,3 +40,21 @@ def banking77_splits(real_data: Path) -> dict[str, Any]:
     return {split: load_reference({"path": str(d / f"{split}.csv"), "name": f"b77_{split}",
                                    "format": "labelled_text", "aliases": {"category": "label"}})
             for split in ("train", "test")}
+
+
+@pytest.fixture(scope="session")
+def sft_run_dir(tmp_path_factory) -> Path:
+    """A real SFT run (normalize, dedup, length, quality, overlap) over sample_data/ plus a
+    small input of script-injection payloads; built once per session, read-only for tests
+    (copy it before changing anything). See dataguard/testing/runs.py."""
+    from dataguard.testing.runs import sft_run
+
+    return sft_run(tmp_path_factory.mktemp("sft-run") / "out", payloads=True)
+
+
+@pytest.fixture(scope="session")
+def classification_run_dir(tmp_path_factory) -> Path:
+    """A real classification run (normalize, noise, longtail, drift) over sample_data/banking77."""
+    from dataguard.testing.runs import classification_run
+
+    return classification_run(tmp_path_factory.mktemp("cls-run") / "out")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -149,8 +150,8 @@ def test_reference_from_csv_path_and_config_errors(real_data, tmp_path) -> None:
     assert st.reference_rows == 20
     with pytest.raises(StageConfigError, match="reference"):
         DriftStage(reference=str(tmp_path / "missing.jsonl"))
-    with pytest.raises(StageConfigError, match="columns"):
-        DriftStage(reference=str(path), columns=["n_tokens"], text=False)
+    with pytest.raises(StageConfigError, match="columns"):  # found when the reference is read
+        DriftStage(reference=str(path), columns=["n_tokens"], text=False).prepare()
     for kwargs, param in [({"bins": 1}, "bins"), ({"thresholds": (0.3, 0.1)}, "thresholds"),
                           ({"correct": "magic"}, "correct"), ({"epsilon": 0}, "epsilon"),
                           ({"text": "body"}, "text"), ({"target": "nope"}, "target"), ({"auc_thresholds": (0.4, 0.8)}, "auc_thresholds")]:
@@ -174,3 +175,20 @@ def test_weight_column_measures_the_weighted_training_distribution(banking77_spl
     assert st.describe()["summary"]["weight_column"] == "sample_weight"
     with pytest.raises(StageConfigError, match="sample_weight"):
         st.summarize(banking77_splits["train"])
+
+
+def test_reference_is_read_in_prepare_not_in_init(tmp_path) -> None:
+    """Config validation builds stages; it must not read a reference dataset. The run reads
+    it first thing, and a bad one stops the run before the output folder is touched."""
+    from dataguard.pipeline import Pipeline, PipelineError
+
+    bad = tmp_path / "ref.jsonl"
+    bad.write_text("not json at all\n")
+    st = DriftStage(reference=str(bad), text=False)  # exists: fine until it is read
+    assert "ref" not in st.__dict__
+    with pytest.raises(StageConfigError, match="reference"):
+        st.prepare()
+    data = Path(__file__).resolve().parent.parent / "sample_data" / "alpaca_en_demo.json"
+    with pytest.raises(PipelineError, match="stage drift: reference"):
+        Pipeline([DriftStage(reference=str(bad), text=False)], workers=1).run([str(data)], tmp_path / "out")
+    assert not (tmp_path / "out").exists()

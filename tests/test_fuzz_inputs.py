@@ -158,6 +158,12 @@ def check_input(path: Path, reader: str = "auto", fmt: str = "auto", chunk: int 
         except InputError as exc:
             assert str(exc) and "\n" not in str(exc)
             return {"error": str(exc)}
+        if spec.resolved_reader() == "jsonl" and not path.name.endswith(".gz"):
+            # Workers read a JSON-lines file in byte ranges: wherever the ranges are cut,
+            # they must give exactly the whole-file reader's rows.
+            for split_bytes in (1, 13, 97):
+                assert _by_ranges(path, spec, split_bytes, max_record_bytes or DEFAULT_MAX_RECORD_BYTES) \
+                    == _rows_of(kept, rejected), split_bytes
     finally:
         bounded.READ_CHUNK_BYTES = saved
     assert positions == list(range(len(positions))), positions[:20]
@@ -168,6 +174,25 @@ def check_input(path: Path, reader: str = "auto", fmt: str = "auto", chunk: int 
     return {"rows_in": len(positions), "kept": [MARK.findall(_texts(r)) for r in rows],
             "rejected": list(zip(rej.column("reason").to_pylist(), rej.column("detail").to_pylist(),
                                  rej.column("record").to_pylist(), strict=True))}
+
+
+def _rows_of(kept: list[Any], rejected: list[Any]) -> tuple[list[Any], list[Any]]:
+    return ([r for t in kept for r in t.to_pylist()], [r for t in rejected for r in t.to_pylist()])
+
+
+def _by_ranges(path: Path, spec: Any, split_bytes: int, max_bytes: int) -> tuple[list[Any], list[Any]]:
+    """Index the ranges, read each unit's lines from its range, normalize: as workers do."""
+    from dataguard.io.line_index import index_lines, plan_line_ranges
+    from dataguard.run.splits import line_splits
+    from dataguard.stages.normalize import Normalizer
+
+    indexes = [index_lines(path, start, end, max_bytes, 7) for start, end in plan_line_ranges(path, split_bytes)]
+    kept, rejected = [], []
+    for unit in line_splits(str(path), indexes, 7, max_bytes):
+        out = Normalizer().normalize(unit.read(str(spec.name)).parse_pending(), spec.options())
+        kept.append(out.kept)
+        rejected.append(out.rejected)
+    return _rows_of(kept, rejected)
 
 
 def _assert_no_merge(result: dict[str, Any], intact: bool, n_rows: int) -> None:

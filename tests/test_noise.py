@@ -18,10 +18,10 @@ import pyarrow as pa
 import pytest
 from cleanlab.filter import find_label_issues
 
-from dataguard.noise.synthetic import inject_class_conditional_noise
 from dataguard.records import CANONICAL_SCHEMA, canonical_table
 from dataguard.stage import StageConfigError
 from dataguard.stages.noise import NoiseStage
+from dataguard.testing.noise import inject_class_conditional_noise
 
 N_CLASSES = 8
 

@@ -22,10 +22,10 @@ from dataguard.noise.confident import limit_flags
 from dataguard.noise.crossval import _cv_probs, refit_probs
 from dataguard.noise.knn import knn_probs
 from dataguard.noise.probs import softmax, to_probabilities
-from dataguard.noise.synthetic import inject_class_conditional_noise
 from dataguard.records import canonical_table
 from dataguard.stage import StageConfigError
 from dataguard.stages.noise import NoiseStage
+from dataguard.testing.noise import inject_class_conditional_noise
 from dataguard.text.features import AUTO_MAX_WORDS, choose_features, tfidf_features, word_count
 
 N_CLASSES = 8

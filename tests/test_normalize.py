@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import pickle
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from dataguard import formats
+from dataguard.formats import checks
 from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.records import CANONICAL_SCHEMA, REJECTED_SCHEMA
 from dataguard.stage import StageConfigError
@@ -352,3 +355,22 @@ def test_null_fields_are_absent_and_empty_labels_are_no_labels() -> None:
     assert "empty" in out.rejected.column("detail")[0].as_py()
     forced = run([["text", ""], ["text", "x"]], format="labelled_text")
     assert forced.kept.column("label").to_pylist() == ["x"]
+
+
+def test_every_reason_code_of_the_formats_is_declared() -> None:
+    """Each ``Reject("code", ...)`` in dataguard/formats is in ``formats.REASONS``, and each
+    check names the codes it raises."""
+    raised = set()
+    for path in Path(formats.__file__).parent.glob("*.py"):
+        raised |= set(re.findall(r'Reject\(\s*"(\w+)"', path.read_text(encoding="utf-8")))
+    assert raised and raised <= set(formats.REASONS)
+    for check in checks.RECORD_CHECKS:
+        assert set(check.reasons) <= set(checks.CHECK_REASONS), check.name
+    assert {code for check in checks.RECORD_CHECKS for code in check.reasons} == set(checks.CHECK_REASONS)
+
+
+def test_one_module_per_format_and_the_config_knows_them_all() -> None:
+    from dataguard.config import FORMATS as CONFIG_FORMATS
+
+    assert set(formats.FORMATS) == set(formats.BY_NAME) and len(formats.TEMPLATES) == len(formats.FORMATS)
+    assert set(CONFIG_FORMATS) == {"auto", *formats.FORMATS}

@@ -1,4 +1,5 @@
-"""The column-wise fast path for plain Alpaca rows gives exactly what the per-record path gives."""
+"""The batch path (plain Alpaca rows, mapped column-wise) gives exactly what the per-record path
+gives, and both run the one list of record checks."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from dataguard import formats
+from dataguard.formats import checks
+from dataguard.formats.base import Mapped, Reject, TwoTurnRows
 from dataguard.io.raw import RawBatch, SourceOptions
-from dataguard.stages import normalize as normalize_mod
 from dataguard.stages.normalize import Normalizer
-from dataguard.stages.normalize_flat import FlatRows, plain_alpaca_rows
 
 CRAFTED: list[Any] = [
     {"instruction": "Name a colour.", "input": "", "output": "Blue."},
@@ -51,11 +53,21 @@ def _batch(records: list[Any], errors_at: tuple[int, ...] = ()) -> RawBatch:
     return batch
 
 
+def _taken(records: list[Any], options: SourceOptions, norm: Normalizer) -> list[int]:
+    """Batch indices the batch path maps and clears."""
+    groups = formats.map_batch(records, [None] * len(records), options, norm._context)
+    return [i for rows in groups for i in rows.index]
+
+
+def _never(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the batch path ran")
+
+
 def _both_paths(monkeypatch, records: list[Any], options: SourceOptions, errors_at: tuple[int, ...] = (),
                 **kwargs: Any):
     fast = Normalizer(**kwargs).normalize(_batch(records, errors_at), options)
     with monkeypatch.context() as m:
-        m.setattr(normalize_mod, "plain_alpaca_rows", lambda *a, **k: FlatRows([], [], []))
+        m.setattr(formats, "map_batch", lambda *a, **k: [])
         slow = Normalizer(**kwargs).normalize(_batch(records, errors_at), options)
     return fast, slow
 
@@ -75,9 +87,8 @@ def test_crafted_rows_same_result_on_both_paths(monkeypatch, check_placeholders:
                              check_placeholders=check_placeholders)
     _assert_same(fast, slow)
     assert fast.kept.num_rows + fast.rejected.num_rows == len(records)
-    taken = plain_alpaca_rows([r for r in records], [None] * len(records), SourceOptions(name="s"),
-                              Normalizer().allowed_roles, check_placeholders)
-    assert 0 < len(taken.index) < len(records)  # both paths really ran
+    taken = _taken(records, SourceOptions(name="s"), Normalizer(check_placeholders=check_placeholders))
+    assert 0 < len(taken) < len(records)  # both paths really ran
 
 
 def test_real_alpaca_data_same_result_and_mostly_fast(monkeypatch, real_data: Path) -> None:
@@ -86,8 +97,7 @@ def test_real_alpaca_data_same_result_and_mostly_fast(monkeypatch, real_data: Pa
     for options in (SourceOptions(name="s"), SourceOptions(name="s", format="alpaca")):
         fast, slow = _both_paths(monkeypatch, records, options)
         _assert_same(fast, slow)
-    taken = plain_alpaca_rows(records, [None] * len(records), SourceOptions(name="s"), Normalizer().allowed_roles, True)
-    assert len(taken.index) > 0.95 * len(records)
+    assert len(_taken(records, SourceOptions(name="s"), Normalizer())) > 0.95 * len(records)
 
 
 @pytest.mark.parametrize("options, roles", [
@@ -99,7 +109,12 @@ def test_fast_path_steps_aside(monkeypatch, options: SourceOptions, roles: list[
     kwargs = {"allowed_roles": roles} if roles else {}
     records = CRAFTED[:3]
     norm = Normalizer(**kwargs)
-    assert plain_alpaca_rows(records, [None] * 3, options, norm.allowed_roles, True).index == []
+    if options.aliases:  # aliases change what a record holds: the stage keeps the input off the batch path
+        with monkeypatch.context() as m:
+            m.setattr(formats, "map_batch", _never)
+            norm.normalize(_batch(records), options)
+    else:
+        assert _taken(records, options, norm) == []
     fast, slow = _both_paths(monkeypatch, records, options, **kwargs)
     _assert_same(fast, slow)
 
@@ -116,5 +131,69 @@ def test_surrogate_rows_leave_the_fast_path_with_the_same_result(monkeypatch) ->
     _assert_same(fast, slow)
     assert fast.kept.column("id").to_pylist() == ["s:0", "s:3"]
     assert fast.rejected.column("reason").to_pylist() == ["invalid_unicode", "invalid_unicode"]
-    assert plain_alpaca_rows(records, [None] * 4, SourceOptions(name="s"), Normalizer().allowed_roles,
-                             True).index == [0, 1, 2, 3]
+    assert _taken(records, SourceOptions(name="s"), Normalizer()) == [0, 1, 2, 3]
+
+
+def _mentions_paris(mapped: Mapped, ctx: checks.Context) -> None:
+    if any("Paris" in text for _, text in mapped.turns):
+        raise Reject("mentions_paris", "a turn mentions Paris")
+
+
+def _real_alpaca(real_data: Path) -> list[dict[str, Any]]:
+    return json.loads((real_data / "alpaca_en_demo" / "alpaca_en_demo.json").read_text())
+
+
+@pytest.mark.parametrize("with_batch_form", [False, True])
+def test_a_check_added_to_the_list_applies_to_both_paths(monkeypatch, real_data: Path,
+                                                         with_batch_form: bool) -> None:
+    """One list of checks: a check appended to RECORD_CHECKS rejects plain rows that the batch
+    path would otherwise have kept, whether or not the check has a batch form."""
+    records = _real_alpaca(real_data)
+    paris = {i for i, r in enumerate(records) if "Paris" in r["instruction"] + r["input"] + r["output"]}
+    assert paris
+    options = SourceOptions(name="s")
+    before = _taken(records, options, Normalizer())
+    assert paris <= set(before)  # without the new check, the batch path keeps them
+    calls: list[int] = []
+
+    def batch_form(rows: TwoTurnRows, ctx: checks.Context) -> list[int]:
+        calls.append(len(rows))
+        return [j for j, (u, a) in enumerate(zip(rows.user, rows.assistant, strict=True)) if "Paris" in u + a]
+
+    new = checks.Check("paris", ("mentions_paris",), _mentions_paris, batch_form if with_batch_form else None)
+    monkeypatch.setattr(checks, "RECORD_CHECKS", [*checks.RECORD_CHECKS, new])
+    after = _taken(records, options, Normalizer())
+    assert set(after) == set(before) - paris  # the batch path hands them to the per-record path
+    assert bool(calls) is with_batch_form
+    fast, slow = _both_paths(monkeypatch, records, options)
+    _assert_same(fast, slow)
+    rejected = fast.rejected.to_pylist()
+    assert {int(r["id"].split(":")[1]) for r in rejected if r["reason"] == "mentions_paris"} == paris
+    assert fast.stats["reasons"]["mentions_paris"] == len(paris)
+
+
+def test_batch_forms_flag_every_row_their_row_form_rejects(real_data: Path) -> None:
+    """Each check's batch form may over-approximate but never miss a row its row form rejects."""
+    plain = [r for r in CRAFTED + _real_alpaca(real_data) if type(r) is dict and r.keys() <= {"instruction", "input", "output"}]
+    rows = formats.alpaca.map_batch(plain, [None] * len(plain), SourceOptions(name="s"))
+    assert len(rows) > 900
+    for allowed in (frozenset({"user", "assistant"}), frozenset({"user", "system"})):
+        for styles in (None, ("jinja", "double_angle"), ("jinja", "double_angle", "brace", "angle", "square")):
+            ctx = checks.Context(allowed, styles)
+            for check in checks.RECORD_CHECKS:
+                if check.batch is None or not check.applies(rows.fmt):
+                    continue
+                flagged = set(check.batch(rows, ctx))
+                failing = {j for j in range(len(rows)) if checks._fails(check, rows.mapped(j), ctx)}
+                assert failing <= flagged, check.name
+
+
+def test_over_approximating_batch_form_changes_nothing(monkeypatch) -> None:
+    """A batch form that flags every row sends every row to the per-record path: same result."""
+    records = CRAFTED * 2
+    expected = Normalizer().normalize(_batch(records), SourceOptions(name="s"))
+    first = checks.RECORD_CHECKS[0]
+    everything = checks.Check(first.name, first.reasons, first.row, lambda rows, ctx: range(len(rows)))
+    monkeypatch.setattr(checks, "RECORD_CHECKS", [everything, *checks.RECORD_CHECKS[1:]])
+    assert _taken(records, SourceOptions(name="s"), Normalizer()) == []
+    _assert_same(Normalizer().normalize(_batch(records), SourceOptions(name="s")), expected)

@@ -14,9 +14,9 @@ import pytest
 
 from dataguard.records import canonical_table
 from dataguard.references import ReferenceSpec, parse_spec
-from dataguard.references.plant import POSITIVE_KINDS, plant
 from dataguard.stage import StageConfigError
 from dataguard.stages.overlap import OverlapStage
+from dataguard.testing.plant import POSITIVE_KINDS, plant
 from dataguard.text.normalize_text import NormalizeConfig, normalize_batch
 
 REFS = ["gsm8k_test", "humaneval", "truthfulqa", "mt_bench"]

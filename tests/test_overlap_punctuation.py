@@ -13,8 +13,8 @@ import pytest
 
 from dataguard.records import canonical_table
 from dataguard.references import parse_spec
-from dataguard.references.plant import edit_case_and_spacing, edit_punctuation
 from dataguard.stages.overlap import OverlapStage
+from dataguard.testing.plant import edit_case_and_spacing, edit_punctuation
 from dataguard.text.normalize_text import NormalizeConfig, normalize_batch, normalize_with_offsets
 
 ISSUE_EDITS = {  # the edits of issue #14, on the items that hold them

@@ -19,6 +19,7 @@ from dataguard.io.writer import read_table
 from dataguard.pipeline import Pipeline, plan_segments
 from dataguard.records import CANONICAL_COLUMNS
 from dataguard.stages.dedup import DedupStage
+from dataguard.stages.normalize import Normalizer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,12 +45,13 @@ def test_plan_fuses_row_local_stages_and_splits_at_fits() -> None:
     class Local(Stage):
         name = "local"
 
-    segments = plan_segments([Local(), DedupStage(), Local(), Local()])
+    # step 0 is the source adapter (the normalizer): it opens the first segment like any step
+    segments = plan_segments([Normalizer(), Local(), DedupStage(), Local(), Local()])
     assert [s.ops for s in segments] == [
-        [("score", 0), ("apply", 0), ("score", 1), ("summarize", 1)],
-        [("apply", 1), ("score", 2), ("apply", 2), ("score", 3), ("apply", 3)],
+        [("source", 0), ("score", 1), ("apply", 1), ("score", 2), ("summarize", 2)],
+        [("apply", 2), ("score", 3), ("apply", 3), ("score", 4), ("apply", 4)],
     ]
-    assert segments[0].fit_stage == 1 and segments[1].fit_stage is None
+    assert segments[0].fit_step == 2 and segments[1].fit_step is None
 
 
 def test_real_data_nothing_lost_and_shards_open_everywhere(real_data: Path, tmp_path: Path) -> None:
@@ -228,7 +230,7 @@ def test_manifest_records_every_parameter_with_its_default(tmp_path):
     from sklearn.linear_model import LogisticRegression
 
     from dataguard.config import load_config
-    from dataguard.pipeline import _params_json
+    from dataguard.run.manifest import params_json as _params_json
     from dataguard.stages.noise import NoiseStage
 
     src = Path(__file__).resolve().parent.parent / "sample_data" / "alpaca_en_demo.json"
@@ -244,3 +246,21 @@ def test_manifest_records_every_parameter_with_its_default(tmp_path):
     noise = _params_json(NoiseStage(classifier=LogisticRegression(C=2.0)))
     assert noise["features"] == "auto" and noise["min_rows_per_class"] == 5
     assert noise["classifier"] == "LogisticRegression(C=2.0)"
+
+
+def test_manifest_packages_are_dataguards_requirements_that_shape_outputs() -> None:
+    """The package list is derived from dataguard's own requirements; whatever is left out
+    says why (tooling, the report, the training runner), so a new dependency is recorded
+    unless someone decides otherwise."""
+    import re
+    import tomllib
+
+    from dataguard.run.manifest import _NOT_RECORDED, recorded_packages
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    names = {re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0].lower() for r in declared}
+    recorded = recorded_packages()
+    assert recorded[0] == "dataguard" and len(recorded) == len(set(recorded))
+    assert set(recorded) == {"dataguard"} | (names - set(_NOT_RECORDED))
+    assert {"pyarrow", "tiktoken", "torch", "scikit-learn", "ray"} <= set(recorded)

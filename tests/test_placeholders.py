@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from dataguard.io.raw import RawBatch, SourceOptions
-from dataguard.stage import StageConfigError
-from dataguard.stages.normalize import Normalizer
-from dataguard.stages.normalize_flat import plain_alpaca_rows
-from dataguard.stages.normalize_placeholders import (
+from dataguard.formats import Context, map_batch
+from dataguard.formats.placeholders import (
     DEFAULT_STYLES,
     STYLES,
     find_placeholders,
     may_hold_placeholder,
 )
+from dataguard.io.raw import RawBatch, SourceOptions
+from dataguard.stage import StageConfigError
+from dataguard.stages.normalize import Normalizer
 
 # Row 6810 (sci.crypt/16127) of the 20 Newsgroups test set, verbatim; the full post is in
 # ../shared/data/20news_label_errors, past the 600 rows sliced into tests/data. The old rule
@@ -117,14 +117,15 @@ def test_opt_in_shapes(text: str, found: list[str]) -> None:
 
 
 def test_normalizer_styles_and_fast_path_agree(real_data: Path) -> None:
-    """Rows the flat fast path clears hold no slot under the same styles (it is a superset test)."""
+    """Rows the batch path clears hold no slot under the same styles (it is a superset test)."""
     records = json.loads((real_data / "alpaca_en_demo/alpaca_en_demo.json").read_text(encoding="utf-8"))
     records.append({"instruction": "Write to {customer}.", "input": "", "output": "Dear <NAME>, hello."})
     batch = _raw(records)
     for styles in (DEFAULT_STYLES, STYLES):
-        flat = plain_alpaca_rows(batch.records, batch.errors, SourceOptions(name="s"), frozenset({"user", "assistant"}),
-                                 True, styles=styles)
-        cleared = set(flat.index)
+        groups = map_batch(batch.records, batch.errors, SourceOptions(name="s"),
+                           Context(frozenset({"user", "assistant"}), styles))
+        cleared = {i for rows in groups for i in rows.index}
+        assert len(cleared) > 0.9 * len(records)
         with_slots = {i for i, r in enumerate(records)
                       if find_placeholders(r["instruction"] + "\n" + r["input"], styles) or
                       find_placeholders(r["output"], styles)}

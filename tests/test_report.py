@@ -1,9 +1,12 @@
-"""Unit tests of the HTML audit report on synthetic output folders written with pyarrow."""
+"""Unit tests of the HTML audit report: on real pipeline runs over sample_data/ (conftest's
+``sft_run_dir`` / ``classification_run_dir``) and, for the loader's edge cases, on small
+rejected shards written with pyarrow."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,10 +17,10 @@ from dataguard.records import REJECTED_SCHEMA, json_dumps
 from dataguard.report import ReportInputError, build_report, collect
 from dataguard.report.assets import CSS, JS, csp_hash
 from dataguard.report.blocks import highlight, render_block
-from dataguard.report.demo import CLASSIFICATION, PAYLOADS, SFT, write_demo_output
 from dataguard.report.fmt import yamlish
 from dataguard.report.load import MAX_MESSAGE_CHARS, parse_record, sample_rejected
 from dataguard.report.svg import _is_geometric, histogram, nice_ticks
+from dataguard.testing.runs import CLASSIFICATION_STAGES, PAYLOADS, SFT_STAGES
 
 
 class TagCollector(HTMLParser):
@@ -45,8 +48,13 @@ class TagCollector(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def sft_dir(tmp_path_factory) -> Path:
-    return write_demo_output(tmp_path_factory.mktemp("sft") / "out", rows_in=6000, payloads=True)
+def sft_dir(sft_run_dir) -> Path:
+    return sft_run_dir
+
+
+def _copy(run: Path, dest: Path) -> Path:
+    """A private copy of a session run, for tests that edit it."""
+    return Path(shutil.copytree(run, dest))
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +68,9 @@ def test_writes_html_and_json_with_manifest_counts(sft_dir, sft_report):
     html_path, page, model = sft_report
     manifest = json.loads((sft_dir / "manifest.json").read_text())
     assert html_path == sft_dir / "audit.html" and html_path.with_suffix(".json").is_file()
-    assert model["counts"]["rows_in"] == manifest["counts"]["rows_in"] == 6000
-    assert model["counts"]["rows_kept"] + model["counts"]["rows_rejected"] == 6000
+    rows_in = sum(i["rows"] for i in manifest["inputs"])
+    assert model["counts"]["rows_in"] == manifest["counts"]["rows_in"] == rows_in > 900
+    assert model["counts"]["rows_kept"] + model["counts"]["rows_rejected"] == rows_in
     assert model["nothing_lost"] is True
     assert all(c["ok"] for c in model["checks"]), model["checks"]
     assert "NOTHING LOST" in page
@@ -73,18 +82,17 @@ def test_writes_html_and_json_with_manifest_counts(sft_dir, sft_report):
         assert all(s["id"] for s in r["samples"])
 
 
-def test_sections_present_only_for_stages_that_ran(sft_report, tmp_path):
+def test_sections_present_only_for_stages_that_ran(sft_report, classification_run_dir, tmp_path):
     _, page, _ = sft_report
-    for name in SFT:
+    for name in SFT_STAGES:
         assert f'id="stage-{name}"' in page
-    for name in ("noise", "longtail", "drift"):
+    for name in ("noise", "longtail", "drift", "consistency"):
         assert f'id="stage-{name}"' not in page
     for sid in ("overview", "inputs", "funnel", "rejects", "kept", "config"):
         assert f'id="{sid}"' in page
-    assert 'id="training"' not in page
-    cls = write_demo_output(tmp_path / "cls", rows_in=3000, stages=CLASSIFICATION)
-    page2 = build_report(cls).read_text()
-    for name in CLASSIFICATION:
+    assert 'id="training"' in page  # the length stage's cap, for the training runner
+    page2 = build_report(classification_run_dir, tmp_path / "cls.html").read_text()
+    for name in CLASSIFICATION_STAGES:
         assert f'id="stage-{name}"' in page2
     for name in ("length", "quality", "overlap", "consistency", "dedup"):
         assert f'id="stage-{name}"' not in page2
@@ -174,8 +182,8 @@ def test_reads_ipc_file_format_shards_too(tmp_path):
     assert scanned == 3 and len(samples[("length", "r")]) == 3
 
 
-def test_unbalanced_run_is_reported_loudly(tmp_path):
-    out = write_demo_output(tmp_path / "o", rows_in=1000)
+def test_unbalanced_run_is_reported_loudly(sft_run_dir, tmp_path):
+    out = _copy(sft_run_dir, tmp_path / "o")
     m = json.loads((out / "manifest.json").read_text())
     m["counts"]["rows_kept"] -= 7
     m["counts"]["balanced"] = False
@@ -192,13 +200,14 @@ def test_missing_manifest_raises(tmp_path):
         build_report(tmp_path)
 
 
-def test_stage_without_description_and_unknown_blocks_still_render(tmp_path):
+def test_stage_without_description_and_unknown_blocks_still_render(sft_run_dir, tmp_path):
     weird = [{"type": "sankey", "title": "Future block", "nodes": ["<b>x</b>"]},
              {"type": "histogram", "title": "Broken", "series": {"a": [1]}},
              {"type": "table", "columns": ["a"], "rows": [["<i>v</i>", 1.5]]}]
-    out = write_demo_output(tmp_path / "o", rows_in=800, stages=("normalize", "dedup"), extra_blocks=weird)
+    out = _copy(sft_run_dir, tmp_path / "o")
     m = json.loads((out / "manifest.json").read_text())
     m["stages"][0].pop("description")
+    m["stages"][1]["description"]["blocks"].extend(weird)
     (out / "manifest.json").write_text(json.dumps(m))
     page = build_report(out).read_text()
     assert 'id="stage-normalize"' in page and 'id="stage-dedup"' in page
@@ -284,10 +293,13 @@ def test_many_reasons_get_fewer_samples_each(tmp_path):
     assert len(model["reasons"]) == 300 and all(len(r["samples"]) == 3 for r in model["reasons"])
 
 
-def test_overview_share_bar_and_percent_summaries(sft_report):
+def test_overview_share_bar_and_percent_summaries(sft_dir, sft_report):
     _, page, _ = sft_report
     assert "Where the rows went" in page and "rejected by dedup" in page
-    assert "Share tokens removed</div><div class=\"v\">4.12%" in page
+    length = next(s for s in json.loads((sft_dir / "manifest.json").read_text())["stages"] if s["name"] == "length")
+    share = length["description"]["summary"]["share_tokens_removed"]
+    assert 0 < share < 1  # shown as a percentage, not a fraction
+    assert f"Share tokens removed</div><div class=\"v\">{share:.2%}" in page
 
 
 def test_end_to_end_with_the_real_pipeline(tmp_path):

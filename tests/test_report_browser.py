@@ -10,13 +10,14 @@ tests fail.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from dataguard.report import build_report
-from dataguard.report.browser import Chromium, chromium_path
-from dataguard.report.demo import CLASSIFICATION, SFT, write_demo_output
+from dataguard.testing.browser import Chromium, chromium_path
+from dataguard.testing.runs import CLASSIFICATION_STAGES, SFT_STAGES, gsm8k_test_item
 
 pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -33,11 +34,16 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[str, Path]:
+def reports(tmp_path_factory, sft_run_dir, classification_run_dir) -> dict[str, Path]:
+    """Reports of the session's real runs (sample_data/ + payload rows; banking77)."""
     base = tmp_path_factory.mktemp("browser")
-    sft = build_report(write_demo_output(base / "sft", rows_in=20_000, payloads=True))
-    cls = build_report(write_demo_output(base / "cls", rows_in=8_000, stages=CLASSIFICATION, payloads=True))
+    sft = build_report(sft_run_dir, base / "sft.html")
+    cls = build_report(classification_run_dir, base / "cls.html")
     return {"sft": sft, "cls": cls}
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +69,20 @@ def _section_ids(browser) -> list[str]:
     return browser.evaluate("[...document.querySelectorAll('section.card')].map(s => s.id)")
 
 
-def test_sft_report_loads_clean_with_every_section(browser, reports):
+def test_sft_report_loads_clean_with_every_section(browser, reports, sft_run_dir):
+    reasons = sum(len(s["reasons"]) for s in _manifest(sft_run_dir)["stages"])
     load = browser.load(reports["sft"])
     assert load.errors == []
     assert load.requests == [load.url]  # the document itself and nothing else
     ids = _section_ids(browser)
     assert ids[:4] == ["overview", "inputs", "funnel", "rejects"]
-    assert [i for i in ids if i.startswith("stage-")] == [f"stage-{s}" for s in SFT]
-    assert "kept" in ids and "config" in ids and "training" not in ids
+    assert [i for i in ids if i.startswith("stage-")] == [f"stage-{s}" for s in SFT_STAGES]
+    assert "kept" in ids and "config" in ids and "training" in ids  # the length cap, for the runner
     assert browser.evaluate("document.getElementById('verdict').dataset.verdict") == "ok"
     assert "NOTHING LOST" in browser.evaluate("document.getElementById('verdict').innerText")
     assert browser.evaluate("document.querySelectorAll('svg.chart').length") >= 6
-    assert browser.evaluate("document.querySelectorAll('#rejects details.reason').length") == 12
+    assert reasons >= 10
+    assert browser.evaluate("document.querySelectorAll('#rejects details.reason').length") == reasons
     browser.screenshot(ARTIFACTS / "report-sft-top.png")
     browser.screenshot(ARTIFACTS / "report-sft-full.png", full_page=True)
 
@@ -104,7 +112,8 @@ def test_search_and_expand_work(browser, reports):
     visible = ("(() => {const s=document.getElementById('sample-search'); s.value=%r; "
                "s.dispatchEvent(new Event('input')); return [...document.querySelectorAll('details.sample')]"
                ".filter(d => !d.hidden && !d.closest('details.reason').hidden).length})()")
-    n_gsm = browser.evaluate(visible % "natalia sold clips")
+    gsm = " ".join(gsm8k_test_item(0)["question"].lower().split()[2:6])  # "lay 16 eggs per"
+    n_gsm = browser.evaluate(visible % gsm)
     assert 0 < n_gsm <= 12  # only the contamination samples quote the GSM8K item
     assert browser.evaluate("[...document.querySelectorAll('details.reason')].filter(d => !d.hidden)"
                             ".map(d => d.querySelector('.rc').textContent)") == ["contamination"]
@@ -116,14 +125,21 @@ def test_search_and_expand_work(browser, reports):
     assert browser.evaluate("[...document.querySelectorAll('details.reason')].every(d => !d.open)")
 
 
-def test_classification_report_heat_map_and_bars(browser, reports):
+def test_classification_report_heat_map_and_bars(browser, reports, classification_run_dir):
+    stages = {s["name"]: s for s in _manifest(classification_run_dir)["stages"]}
+    matrix = next(b for b in stages["noise"]["description"]["blocks"] if b["type"] == "matrix")
     load = browser.load(reports["cls"])
     assert load.errors == [] and load.requests == [load.url]
     ids = _section_ids(browser)
-    assert [i for i in ids if i.startswith("stage-")] == [f"stage-{s}" for s in CLASSIFICATION]
+    assert [i for i in ids if i.startswith("stage-")] == [f"stage-{s}" for s in CLASSIFICATION_STAGES]
     assert "training" in ids
-    assert browser.evaluate("document.querySelectorAll('#stage-noise table.heat td').length") == 64
-    assert browser.evaluate("document.querySelectorAll('#stage-drift .badge.major').length") == 1
+    cells = len(matrix["row_labels"]) * len(matrix["col_labels"])
+    assert cells >= 64
+    assert browser.evaluate("document.querySelectorAll('#stage-noise table.heat td').length") == cells
+    summary = stages["drift"]["description"]["summary"]
+    assert browser.evaluate("document.querySelectorAll('#stage-drift .badge.major').length") == summary["columns_major"]
+    assert browser.evaluate("document.querySelectorAll('#stage-drift .badge.stable').length") >= 1
+    assert browser.evaluate("document.querySelectorAll('#stage-longtail svg.chart').length") >= 1
     browser.evaluate("document.getElementById('stage-noise').scrollIntoView({behavior: 'instant'})")
     browser.screenshot(ARTIFACTS / "report-classification-noise.png")
     browser.screenshot(ARTIFACTS / "report-classification-full.png", full_page=True)

@@ -115,6 +115,34 @@ def test_resume_never_unpickles_and_verifies_unit_files(tmp_path: Path) -> None:
         (seg0 / "unit-000000.arrow").read_bytes()).hexdigest()
 
 
+def test_runtime_keys_in_the_config_never_discard_resumable_work(tmp_path: Path) -> None:
+    """`workers:` (or executor, report, output, train) written in the YAML says how a run
+    executes, like `--workers`: changing it must resume the finished units, not redo them."""
+    from dataguard.run.workdir import RUNTIME_KEYS, fingerprint
+
+    base = {"inputs": ["a.jsonl"], "stages": [{"dedup": {"action": "drop"}}], "batch_rows": 20}
+    runtime = {"workers": 2, "executor": "ray", "ray_address": "auto", "report": False, "output": "x",
+               "train": {"task": "sft"}}
+    assert set(runtime) == set(RUNTIME_KEYS)
+    assert fingerprint({**base, **runtime}, [], 20, ["dedup"]) == fingerprint(base, [], 20, ["dedup"])
+    assert fingerprint({**base, "batch_rows": 10}, [], 20, ["dedup"]) != fingerprint(base, [], 20, ["dedup"])
+
+    data = _jsonl(tmp_path / "a.jsonl")
+    out = tmp_path / "out"
+
+    def run(config: dict, action: str = "drop") -> dict[Path, int]:
+        Pipeline([DedupStage(action=action)], workers=1, batch_rows=20, keep_work=True, config=config).run(
+            [data], out)
+        return {p: p.stat().st_mtime_ns for p in sorted((out / "_work").rglob("unit-*"))}
+
+    first = run({**base, "workers": 1})
+    assert len(first) >= 6
+    time.sleep(0.01)
+    assert run({**base, **{k: v for k, v in runtime.items() if k != "executor"}}) == first  # all resumed
+    changed = run({**base, "stages": [{"dedup": {"action": "flag"}}]}, action="flag")
+    assert not set(changed.items()) & set(first.items())  # a key that shapes the output: redone
+
+
 def test_workers_exit_when_the_driver_is_killed(tmp_path: Path) -> None:
     (tmp_path / "slowstage.py").write_text(textwrap.dedent("""
         import time

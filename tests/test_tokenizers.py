@@ -119,11 +119,12 @@ def test_cache_shares_work_and_stays_bounded():
         clear_token_cache(max_tokens=4_000_000)
 
 
-def test_counts_are_cached_without_ids_until_a_stage_wants_ids():
-    # Counting keeps only counts (no id arrays) unless some stage here has asked for ids; the
-    # counts equal the id lengths either way, repeated texts are not tokenized again, and
-    # the count cache stays within its character bound.
-    from dataguard.text import tokenizers as tk
+def test_counts_are_cached_without_ids_unless_the_caller_asks_for_ids():
+    # Counting keeps only counts (no id arrays) unless the caller asks for the ids with
+    # keep_ids - whatever was encoded before (no process-wide mode); the counts equal the id
+    # lengths either way, repeated texts are not tokenized again, and the count cache stays
+    # within its character bound.
+    from dataguard.text import token_cache as tc
 
     tok = get_tokenizer()
     texts = [f"count me {i} " * (i % 7 + 1) for i in range(40)]
@@ -135,14 +136,20 @@ def test_counts_are_cached_without_ids_until_a_stage_wants_ids():
         assert info["counted_texts"] == 40 and info["texts"] == 0 and info["tokens"] == 0
         assert tok.count_batch(texts[:5] + texts[:5]).tolist() == want[:5] * 2
         assert token_cache_info()[tok.name]["hits"] == 10
-        tok.encode_batch(["now ids are wanted"])
-        assert tok.count_batch(["a new text to count"]).tolist() == [len(tok.encode_batch(["a new text to count"])[0])]
-        assert token_cache_info()[tok.name]["texts"] == 2  # the counted text's ids were kept too
-        cache = tk._cache_for(tok.name)
+        tok.encode_batch(["ids asked for once"])
+        assert token_cache_info()[tok.name]["texts"] == 1
+        tok.count_batch(["counted after an encode"])
+        assert token_cache_info()[tok.name]["texts"] == 1  # encoding earlier changed nothing
+        n = tok.count_batch(["a new text to count"], keep_ids=True).tolist()
+        assert token_cache_info()[tok.name]["texts"] == 2  # asked for: the counted text's ids were kept
+        misses = token_cache_info()[tok.name]["misses"]
+        assert n == [len(tok.encode_batch(["a new text to count"])[0])]
+        assert token_cache_info()[tok.name]["misses"] == misses  # served from the cache
+        cache = tc.cache_for(tok.name)
         assert cache.count_chars <= cache.max_count_chars
         clear_token_cache(max_tokens=5)  # bound: 20 characters of counted text
         tok.count_batch(texts)
-        assert tk._cache_for(tok.name).count_chars <= 20
+        assert tc.cache_for(tok.name).count_chars <= 20
         clear_token_cache(max_tokens=0)  # disabled: nothing kept, same counts
         assert tok.count_batch(texts).tolist() == want
         assert token_cache_info()[tok.name]["counted_texts"] == 0

@@ -244,7 +244,7 @@ def test_minimal_folder_with_only_metrics(tmp_path):
 
 @pytest.mark.browser
 def test_training_report_in_chromium(real_run, rich_run, tmp_path):
-    from dataguard.report.browser import Chromium, chromium_path
+    from dataguard.testing.browser import Chromium, chromium_path
 
     if chromium_path() is None:
         pytest.fail("chromium missing: run scripts/install_chromium.sh (make test does)", pytrace=False)

@@ -1,183 +1,36 @@
-"""Run a segment's fused work over units, in this process or a pool of processes.
+"""Schedule a run's tasks in this process (workers=1) or on one spawn-based process pool.
 
-A unit's results are up to three files in the segment folder: the kept rows, the rejected
-rows, and a JSON meta file (counts, stats, fit summary, and the size and sha256 of the
-two Arrow files). The Arrow files are fsynced before the meta file is renamed into place,
-so the meta file is the completion marker: on resume a unit is skipped only if its meta
-file decodes and the files it names are there with the recorded size and hash.
-Resume state is data (``dataguard.io.state_codec``), never pickle: anyone who can write
-to the output folder must not be able to run code in the next run.
+The pool lives for the whole run (`close` ends it): indexing the inputs, every segment and
+writing the shards reuse the same workers instead of paying a spawn and the imports each
+time. A new segment's state (the fitted steps) reaches every worker exactly once: one
+``_load_state`` call per worker, each holding at a shared barrier until all have one, so
+no worker can take two.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from multiprocessing import get_context
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+from dataguard.executors.base import ExecutorError, Progress
+from dataguard.executors.process import exit_with_parent
+from dataguard.run.segment import SideTask, UnitTask, run_task
 
-from dataguard.executors.process import exit_with_parent, one_math_thread
-from dataguard.io import state_codec
-from dataguard.io.raw import RawBatch, SourceOptions
-from dataguard.io.readers import file_sha256
-from dataguard.io.writer import atomic_write_bytes, read_table, write_table
-from dataguard.records import REJECTED_SCHEMA
-from dataguard.stage import Stage
+__all__ = ["ExecutorError", "LocalExecutor"]
 
-
-@dataclass
-class UnitTask:
-    """One unit of work: a raw input batch (segment 0) or a previous segment's unit file."""
-
-    unit: int
-    out_dir: Path
-    source: str
-    raw: RawBatch | None = None
-    options: SourceOptions | None = None
-    input_path: Path | None = None
-
-    @property
-    def meta_path(self) -> Path:
-        return self.out_dir / f"unit-{self.unit:06d}.meta.json"
+_WORKER_STATE: dict[str, Any] = {}
+_BARRIER: Any = None
+BARRIER_SECONDS = 600  # a worker that never arrives (it died) breaks the barrier instead of hanging
 
 
-class ExecutorError(RuntimeError):
-    """Units could not run (a worker process died, e.g. killed for memory)."""
-
-
-def stage_key(index: int, stages: list[Stage]) -> str:
-    """Key of a stage in counts and timings: '00-normalize', '01-dedup', ... (names may repeat)."""
-    return f"{index + 1:02d}-{stages[index].name}" if index >= 0 else "00-normalize"
-
-
-def run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: UnitTask) -> dict[str, Any]:
-    """Run the fused ops of one segment on one unit and write its results atomically.
-
-    Returns the meta exactly as a resumed run would read it back from disk, so a fresh
-    run and a resumed one build the manifest from the same values.
-    """
-    with one_math_thread():
-        return _run_unit(state, task)
-
-
-def _run_unit(state: tuple[Stage, list[Stage], list[tuple[str, int]]], task: UnitTask) -> dict[str, Any]:
-    normalizer, stages, ops = state
-    counts: dict[str, dict[str, Any]] = {}
-    stats: dict[int, Any] = {}
-    seconds: dict[str, float] = {}
-    rejected: list[pa.Table] = []
-    summary: Any = None
-    formats: dict[str, int] = {}
-
-    def record(index: int, rows_in: int, kept: pa.Table, rej: pa.Table) -> None:
-        reasons: dict[str, int] = {}
-        if rej.num_rows:
-            for reason in rej.column("reason").to_pylist():
-                reasons[reason] = reasons.get(reason, 0) + 1
-        if rows_in != kept.num_rows + rej.num_rows:
-            name = "normalize" if index < 0 else stages[index].name
-            raise RuntimeError(f"stage {name!r} lost rows: {rows_in} in, {kept.num_rows} kept, "
-                               f"{rej.num_rows} rejected (unit {task.unit})")
-        counts[stage_key(index, stages)] = {"rows_in": rows_in, "rows_kept": kept.num_rows,
-                                             "rows_rejected": rej.num_rows, "reasons": reasons}
-        if rej.num_rows:
-            rejected.append(rej)
-
-    if task.raw is not None:
-        start = time.perf_counter()
-        task.raw.parse_pending()
-        outcome = normalizer.normalize(task.raw, task.options)
-        seconds["00-normalize"] = time.perf_counter() - start
-        record(-1, len(task.raw), outcome.kept, outcome.rejected)
-        stats[-1] = outcome.stats
-        table = outcome.kept
-        if "format" in table.column_names:
-            for fmt in table.column("format").to_pylist():
-                formats[fmt] = formats.get(fmt, 0) + 1
-        rows_in = len(task.raw)
-    else:
-        table = read_table(task.input_path)
-        rows_in = table.num_rows
-
-    for op, index in ops:
-        stage = stages[index]
-        key = stage_key(index, stages)
-        start = time.perf_counter()
-        if op == "score":
-            table = stage.score(table)
-        elif op == "summarize":
-            summary = stage.summarize(table)
-        else:
-            n = table.num_rows
-            outcome = stage.apply(table)
-            record(index, n, outcome.kept, outcome.rejected)
-            stats[index] = outcome.stats
-            table = outcome.kept
-        seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
-
-    task.out_dir.mkdir(parents=True, exist_ok=True)
-    files = {}
-    kept_path = task.out_dir / f"unit-{task.unit:06d}.arrow"
-    write_table(kept_path, table)
-    files[kept_path.name] = _file_fact(kept_path)
-    rejected_rows = sum(t.num_rows for t in rejected)
-    if rejected_rows:
-        rejected_path = task.out_dir / f"unit-{task.unit:06d}.rejected.arrow"
-        write_table(rejected_path, pa.concat_tables([t.cast(REJECTED_SCHEMA) for t in rejected]))
-        files[rejected_path.name] = _file_fact(rejected_path)
-    meta = {
-        "unit": task.unit, "source": task.source, "rows_in": rows_in, "kept": table.num_rows,
-        "rejected": rejected_rows, "counts": counts, "stats": stats, "summary": summary, "seconds": seconds,
-        "formats": formats, "files": files,
-        "schema": table.schema.serialize().to_pybytes(),
-    }
-    encoded = state_codec.dumps(meta)
-    atomic_write_bytes(task.meta_path, encoded)
-    return state_codec.loads(encoded)
-
-
-def _file_fact(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-
-
-def load_finished(task: UnitTask) -> dict[str, Any] | None:
-    """The meta of a unit a previous run finished, or None if it must be (re)done.
-
-    A meta file that does not decode, or names files that are missing or whose size or
-    hash differ (a crash between writes, a disk that lost data, a hand edit), means the
-    unit is redone rather than trusted.
-    """
-    path = task.meta_path
-    if not path.is_file():
-        return None
-    try:
-        meta = state_codec.loads(path.read_bytes())
-        files = meta["files"]
-        for name, fact in files.items():
-            unit_file = task.out_dir / name
-            if (Path(name).name != name or not unit_file.is_file()
-                    or unit_file.stat().st_size != fact["bytes"] or file_sha256(unit_file) != fact["sha256"]):
-                return None
-        if meta["unit"] != task.unit:
-            return None
-    except (state_codec.StateFormatError, KeyError, TypeError, AttributeError, OSError):
-        return None
-    return meta
-
-
-_WORKER_STATE: Any = None
-
-
-def _init_worker(state_bytes: bytes) -> None:
-    global _WORKER_STATE
+def _init_worker(barrier: Any) -> None:
+    global _BARRIER
     # One worker per core: keep each worker's math libraries single-threaded. Set via the
     # environment (read when torch/BLAS first load) instead of importing torch here,
     # which would cost seconds per worker in pipelines that never use it.
@@ -185,80 +38,82 @@ def _init_worker(state_bytes: bytes) -> None:
         os.environ.setdefault(var, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     exit_with_parent()
+    _BARRIER = barrier
+
+
+def _load_state(key: str, state_bytes: bytes) -> None:
     # The state comes from the driver's memory through the pool's pipe, never from disk.
-    _WORKER_STATE = pickle.loads(state_bytes)
+    _WORKER_STATE.clear()  # the previous segment's steps (and any models they loaded) go
+    _WORKER_STATE[key] = pickle.loads(state_bytes)
+    _BARRIER.wait(BARRIER_SECONDS)
 
 
-def _run_in_worker(task: UnitTask) -> dict[str, Any]:
-    return run_unit(_WORKER_STATE, task)
+def _run_in_worker(key: str, task: UnitTask | SideTask) -> dict[str, Any]:
+    return run_task(_WORKER_STATE[key], task)
 
 
 class LocalExecutor:
-    """Process units inline (workers=1) or on a spawn-based process pool.
+    """Run tasks inline (workers=1) or on a spawn-based process pool.
 
     Spawn, not fork: stages use torch and Rust tokenizers whose thread pools do not
-    survive a fork. At most ``2 * workers`` units are in flight, which bounds memory
+    survive a fork. At most ``2 * workers`` tasks are in flight, which bounds memory
     however large the input is.
     """
 
-    def __init__(self, workers: int | None = None, progress: bool = False) -> None:
+    def __init__(self, workers: int | None = None) -> None:
         self.workers = max(1, workers if workers else (os.cpu_count() or 1))
-        self.progress = progress
+        self._pool: ProcessPoolExecutor | None = None
+        self._state_key: str | None = None
 
-    def run(self, state_bytes: bytes, tasks: Iterable[UnitTask], desc: str = "") -> list[dict[str, Any]]:
-        bar = self._bar(desc)
+    def run(self, state_bytes: bytes, tasks: Iterable[UnitTask | SideTask],
+            progress: Progress) -> list[dict[str, Any]]:
         metas: list[dict[str, Any]] = []
+        if self.workers == 1:
+            state = pickle.loads(state_bytes)
+            for task in tasks:
+                metas.append(run_task(state, task))
+                progress.tick(metas[-1])
+            return metas
         try:
-            pending = (t for t in tasks if not self._done(t, metas, bar))
-            if self.workers == 1:
-                state = pickle.loads(state_bytes)
-                for task in pending:
-                    metas.append(run_unit(state, task))
-                    self._tick(bar, metas[-1])
-            else:
-                self._run_pool(state_bytes, pending, metas, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-        return metas
-
-    def _run_pool(self, state_bytes: bytes, pending: Iterator[UnitTask], metas: list[dict[str, Any]],
-                  bar: Any) -> None:
-        try:
-            with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
-                                     initializer=_init_worker, initargs=(state_bytes,)) as pool:
-                in_flight: set[Future] = set()
-                for task in pending:
-                    in_flight.add(pool.submit(_run_in_worker, task))
-                    if len(in_flight) >= 2 * self.workers:
-                        done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
-                        for future in done:
-                            metas.append(future.result())
-                            self._tick(bar, metas[-1])
-                for future in in_flight:
-                    metas.append(future.result())
-                    self._tick(bar, metas[-1])
+            pool = self._pool_with(state_bytes)
+            key = self._state_key
+            in_flight: set[Future] = set()
+            for task in tasks:
+                in_flight.add(pool.submit(_run_in_worker, key, task))
+                if len(in_flight) >= 2 * self.workers:
+                    done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        metas.append(future.result())
+                        progress.tick(metas[-1])
+            for future in in_flight:
+                metas.append(future.result())
+                progress.tick(metas[-1])
         except BrokenProcessPool:
+            self.close()
             raise ExecutorError("a worker process died (killed for memory?); finished units are kept - "
                                 "run again to resume, perhaps with fewer --workers or smaller batch_rows") from None
+        except BaseException:
+            self.close()
+            raise
+        return metas
 
-    @staticmethod
-    def _done(task: UnitTask, metas: list[dict[str, Any]], bar: Any) -> bool:
-        meta = load_finished(task)
-        if meta is None:
-            return False
-        metas.append(meta)
-        LocalExecutor._tick(bar, meta)
-        return True
+    def _pool_with(self, state_bytes: bytes) -> ProcessPoolExecutor:
+        """The run's pool, every worker holding this state."""
+        if self._pool is None:
+            context = get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context,
+                                             initializer=_init_worker, initargs=(context.Barrier(self.workers),))
+            self._state_key = None
+        key = hashlib.sha256(state_bytes).hexdigest()
+        if key != self._state_key:
+            for future in [self._pool.submit(_load_state, key, state_bytes) for _ in range(self.workers)]:
+                future.result()
+            self._state_key = key
+        return self._pool
 
-    def _bar(self, desc: str) -> Any:
-        if not self.progress:
-            return None
-        from tqdm import tqdm
-
-        return tqdm(desc=desc, unit=" rows", dynamic_ncols=True, leave=False)
-
-    @staticmethod
-    def _tick(bar: Any, meta: dict[str, Any]) -> None:
-        if bar is not None:
-            bar.update(meta["rows_in"])
+    def close(self) -> None:
+        """End the pool (the run is over, or failed)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            self._state_key = None

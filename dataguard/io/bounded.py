@@ -132,6 +132,8 @@ class _Partial:
         self.size += len(piece)
         if self.hasher is not None:
             self.hasher.update(piece)
+            if len(self.head) < RAW_KEEP_BYTES:  # the same head wherever the reads fell
+                self.head += piece[:RAW_KEEP_BYTES - len(self.head)]
             return
         self.parts.append(piece)
         if self.size > self.max_bytes:
@@ -151,19 +153,20 @@ class _Partial:
         return line
 
 
-def bounded_lines(f: BinaryIO, max_bytes: int) -> Iterator[tuple[int, Line]]:
+def bounded_lines(f: BinaryIO, max_bytes: int, strip_bom: bool = True) -> Iterator[tuple[int, Line]]:
     """(line number, line) for each line of ``f``, terminator removed.
 
     Lines end at ``\\n``, ``\\r\\n`` or a bare ``\\r`` (a JSON text cannot hold a raw CR, and
     old Mac exports use it alone). A line over ``max_bytes`` comes out as ``Oversize``: its
     first bytes, size and sha256, computed while the rest is skipped, so memory stays near
     ``max_bytes + READ_CHUNK_BYTES`` whatever the input. A read error (damaged gzip) ends the
-    stream with one ``Broken`` item. A UTF-8 BOM at the very start is dropped.
+    stream with one ``Broken`` item. A UTF-8 BOM at the very start is dropped (unless
+    ``strip_bom`` is false: ``f`` is a byte range that starts inside a file).
     """
     partial = _Partial(max_bytes)
     line_no = 0
     skip_lf = False
-    first = True
+    first = strip_bom
     while True:
         try:
             chunk = read_some(f, READ_CHUNK_BYTES)

@@ -4,11 +4,11 @@ rejected row and the hot path (ordinary JSON) stays a single ``json.loads``.
 
 from __future__ import annotations
 
-import json
-import re
+import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from dataguard.io import bounded
 from dataguard.io.bounded import (
@@ -22,11 +22,12 @@ from dataguard.io.bounded import (
     damage_error,
     describe_error,
     open_binary,
-    oversize,
     preview,
     read_some,
 )
-from dataguard.io.jsonscan import MAX_DEPTH, FrameError, JsonArrayFramer, Problem, json_depth
+from dataguard.io.json_parse import SLOW, parse_json_bytes, parse_jsonl_line, plain_json
+from dataguard.io.jsonscan import FrameError, JsonArrayFramer, Problem
+from dataguard.io.line_index import RangeReader
 from dataguard.io.raw import RawBatch
 
 
@@ -42,81 +43,16 @@ def frame_message(source: str, json_key: str | None, exc: FrameError) -> str:
     return f"input {source!r}: json_key {json_key!r} does not hold a JSON array"
 
 
-# ------------------------------------------------------------------ JSON records
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _has_lone_surrogate(record: Any) -> bool:
-    try:
-        json.dumps(record, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def parse_json_bytes(data: bytes, where: str, depth_checked: bool = False) -> tuple[Any, str | None, str, str]:
-    """(record, None, "", "") or (None, reason, detail, raw preview) for one JSON text.
-
-    Depth is measured before parsing (only when the text has enough brackets to be deep),
-    so ``json.loads`` and everything after it never recurse past ``MAX_DEPTH``. A lone
-    surrogate escape (``"\\ud800"``) decodes to a string no UTF-8 writer accepts: the row is
-    ``invalid_unicode``; the check runs only when the raw text holds such an escape.
-    """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, "invalid_utf8", f"{where}: {exc}", preview(data)
-    if not depth_checked and data.count(b"[") + data.count(b"{") > MAX_DEPTH and json_depth(data) > MAX_DEPTH:
-        return None, "too_deep", f"{where} nests arrays/objects deeper than the limit {MAX_DEPTH}", preview(data)
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        at = f"line {exc.lineno} column {exc.colno}" if exc.lineno > 1 else f"column {exc.colno}"
-        return None, "invalid_json", f"{where}: {exc.msg} at {at}", preview(data)
-    except RecursionError:  # not reachable after the depth check; kept as a last guard
-        return None, "too_deep", f"{where} nests arrays/objects too deeply", preview(data)
-    if b"\\u" in data and _SURROGATE_ESCAPE.search(data) and _has_lone_surrogate(record):
-        return None, "invalid_unicode", (f"{where}: a \\u escape encodes a lone surrogate (half of a UTF-16 pair), "
-                                         "which is not a character"), preview(data)
-    return record, None, "", ""
-
-
-def _plain_json(data: bytes) -> Any:
-    """The parsed record when ``data`` is an ordinary JSON text (UTF-8, too few brackets to be
-    too deep, no surrogate escape), else ``_SLOW``: the hot path of every JSON reader."""
-    if (len(data) <= MAX_DEPTH or data.count(b"[") + data.count(b"{") <= MAX_DEPTH) \
-            and b"\\ud" not in data and b"\\uD" not in data:
-        try:
-            return json.loads(data.decode("utf-8"))
-        except ValueError:  # UnicodeDecodeError, JSONDecodeError: the slow path says which
-            pass
-    return _SLOW
-
-
-_SLOW = object()
-
-
-def parse_jsonl_line(position: int, line_no: int, line: bytes, max_bytes: int) -> Row:
-    """One JSONL line -> a parsed record or an error row that keeps a preview of the raw text."""
-    if len(line) <= max_bytes:
-        record = _plain_json(line)
-        if record is not _SLOW:
-            return position, record, None, None, None
-    if len(line) > max_bytes:
-        big = oversize(line)
-        return position, None, "record_too_large", big.detail(f"line {line_no}", max_bytes), big.raw()
-    record, error, detail, raw = parse_json_bytes(line, f"line {line_no}")
-    if error is None:
-        return position, record, None, None, None
-    return position, None, error, detail, raw
-
-
 # ------------------------------------------------------------------ JSON lines
-def _jsonl_lines(path: Path, max_bytes: int) -> Iterator[tuple[int, int, bytes | ReadError]]:
-    """(position, line number, raw bytes or the reader's own error) of each non-blank line."""
-    position = 0
-    with open_binary(path) as f:
-        for line_no, line in bounded_lines(f, max_bytes):
+def _jsonl_lines(path: Path, max_bytes: int, f: BinaryIO | None = None, position: int = 0, line_base: int = 0,
+                 strip_bom: bool = True) -> Iterator[tuple[int, int, bytes | ReadError]]:
+    """(position, line number, raw bytes or the reader's own error) of each non-blank line,
+    of the whole file or of the byte range ``f`` reads (numbered from ``position`` and
+    ``line_base``)."""
+    stream = open_binary(path) if f is None else contextlib.nullcontext(f)
+    with stream as fh:
+        for line_no, line in bounded_lines(fh, max_bytes, strip_bom):
+            line_no += line_base
             if isinstance(line, bytes):
                 if not line.strip():
                     continue  # blank lines are separators, not records
@@ -150,6 +86,38 @@ def deferred_jsonl(path: Path, source: str, batch_rows: int, max_bytes: int) -> 
         batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
     if len(batch):
         yield batch
+
+
+@dataclass(frozen=True)
+class LineSplit:
+    """One unit of a JSON-lines file as a worker reads it: the byte range of its lines, the
+    position and line number its first record continues from, and how many records the
+    index found there (``records == 0`` stands for a file without any: one ``empty_file``
+    row). Small and picklable: what the driver sends instead of rows."""
+
+    path: str
+    start: int
+    end: int
+    position: int
+    line_base: int
+    records: int
+    max_bytes: int
+
+    def read(self, source: str) -> RawBatch:
+        """The unit's lines, unparsed (``RawBatch.parse_pending`` parses them)."""
+        batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
+        if self.records == 0:
+            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            return batch
+        path = Path(self.path)
+        with open_binary(path) as f:
+            f.seek(self.start)
+            batch.pending.extend(_jsonl_lines(path, self.max_bytes, RangeReader(f, self.end - self.start),
+                                              self.position, self.line_base, strip_bom=self.start == 0))
+        if len(batch.pending) != self.records:
+            raise InputError(f"input {source!r}: {path} changed while it was read (bytes {self.start:,}-"
+                             f"{self.end:,} held {self.records} records, now {len(batch.pending)})")
+        return batch
 
 
 # ------------------------------------------------------------------ JSON arrays
@@ -189,8 +157,8 @@ def read_json_array(path: Path, source: str, json_key: str | None, max_bytes: in
 def _item_row(position: int, item: bytes | Oversize | Problem, max_bytes: int) -> Row:
     where = f"item {position}"
     if isinstance(item, bytes):
-        record = _plain_json(item)
-        if record is not _SLOW:
+        record = plain_json(item)
+        if record is not SLOW:
             return position, record, None, None, None
         record, error, detail, raw = parse_json_bytes(item, where, depth_checked=True)
         return (position, record, None, None, None) if error is None else (position, None, error, detail, raw)

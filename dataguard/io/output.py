@@ -18,23 +18,19 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dataguard import __version__
+from dataguard.run.workdir import WORK, WORK_FILE
 
 MARKER = ".dataguard"
 LOCK = ".dataguard.lock"
 MARKER_FORMAT = "dataguard-output/1"
-WORK = "_work"
 # Files the previous run left that describe it; removed before any data changes so that a
 # folder never shows an old manifest beside new, half-written shards.
 RUN_DESCRIPTIONS = ("manifest.json", "run.json", "audit.html", "audit.json")
-# Names dataguard uses inside _work/: unit results, completion markers and temp files.
-_WORK_FILE = re.compile(r"^(fingerprint|seg\d{2}|unit-\d{6}(\.rejected)?\.arrow|unit-\d{6}\.meta\.json|"
-                        r"\..+\.tmp-\d+)$")
 
 
 class OutputFolderError(ValueError):
@@ -216,12 +212,12 @@ class OutputFolder:
         if not work.is_dir() or work.is_symlink():
             return
         for seg in sorted(work.iterdir()):
-            if seg.is_dir() and not seg.is_symlink() and _WORK_FILE.match(seg.name):
+            if seg.is_dir() and not seg.is_symlink() and WORK_FILE.match(seg.name):
                 for f in seg.iterdir():
-                    if _WORK_FILE.match(f.name) and (f.is_file() or f.is_symlink()):
+                    if WORK_FILE.match(f.name) and (f.is_file() or f.is_symlink()):
                         f.unlink()
                 _rmdir_if_empty(seg)
-            elif _WORK_FILE.match(seg.name) and (seg.is_file() or seg.is_symlink()):
+            elif WORK_FILE.match(seg.name) and (seg.is_file() or seg.is_symlink()):
                 seg.unlink()
         _rmdir_if_empty(work)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataguard.io.bounded import ReadError
+from dataguard.io.json_parse import DEFAULT_MAX_RECORD_BYTES, parse_jsonl_line
 
 
 @dataclass
@@ -38,8 +39,6 @@ class RawBatch:
     def parse_pending(self) -> RawBatch:
         """Parse deferred JSONL lines in place (in file order); a no-op otherwise."""
         if self.pending:
-            from dataguard.io.readers import DEFAULT_MAX_RECORD_BYTES, parse_jsonl_line
-
             limit = self.max_record_bytes or DEFAULT_MAX_RECORD_BYTES
             for position, line_no, line in self.pending:
                 if isinstance(line, ReadError):

@@ -37,6 +37,7 @@ from dataguard.io.bounded import (
     read_some,
 )
 from dataguard.io.csv_reader import read_csv
+from dataguard.io.json_parse import DEFAULT_MAX_RECORD_BYTES
 from dataguard.io.json_readers import (
     deferred_jsonl,
     frame_message,
@@ -58,9 +59,6 @@ __all__ = [
 
 READERS = ("auto", "json", "jsonl", "csv", "tsv", "parquet", "hf")
 DEFAULT_BATCH_ROWS = 5000
-# A single record larger than this is rejected (its first bytes, size and hash are kept)
-# rather than carried through every stage; huge fields are almost always broken exports.
-DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
 
 
 @dataclass

@@ -10,9 +10,11 @@ confident-disagreement rule), the flag budget, and one result object the stage c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -138,3 +140,13 @@ def estimate(labels: np.ndarray, probs: np.ndarray, *, method: str = "cleanlab",
                          suggested_prob=probs[np.arange(n), suggested], thresholds=thresholds,
                          confident_joint=np.asarray(joint, dtype=np.int64),
                          noise_matrix=np.asarray(noise_matrix, dtype=np.float64))
+
+
+def within_budget(est: NoiseEstimate, max_flagged: int | float) -> tuple[NoiseEstimate, dict[str, Any]]:
+    """``est`` with only its ``max_flagged`` worst issues still flagged, and the log the
+    report shows."""
+    budget = budget_count(max_flagged, len(est.is_issue))
+    limited = limit_flags(est.is_issue, est.quality, budget)
+    log = {"max_flagged": max_flagged, "allowed": budget, "issues_before": int(est.is_issue.sum()),
+           "issues_after": int(limited.sum())}
+    return dataclasses.replace(est, is_issue=limited), log

@@ -8,45 +8,15 @@ the features ``auto`` chose and why).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from dataguard.noise.confident import NoiseEstimate
 
 MAX_MATRIX_CLASSES = 25
-
-
-@dataclass
-class NoiseStats:
-    """Per-batch outcome counts and worst-example candidates (merge: sum + best-k)."""
-
-    rows_in: int = 0
-    labelled: int = 0
-    issues: int = 0
-    dropped: int = 0
-    relabelled: int = 0
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-
-def merge_stats(stats: Sequence[NoiseStats | None], max_examples: int) -> NoiseStats:
-    """Sum the batches' counts; keep the ``max_examples`` worst examples (quality, then id)."""
-    total = NoiseStats()
-    examples: list[dict[str, Any]] = []
-    for s in stats:
-        if s is None:
-            continue
-        total.rows_in += s.rows_in
-        total.labelled += s.labelled
-        total.issues += s.issues
-        total.dropped += s.dropped
-        total.relabelled += s.relabelled
-        examples.extend(s.examples)
-    examples.sort(key=lambda e: (e["quality"], e["id"]))
-    total.examples = examples[:max_examples]
-    return total
 
 
 def fit_report(y: np.ndarray, est: NoiseEstimate, relabel: np.ndarray, k: int, action: str) -> dict[str, Any]:
@@ -97,7 +67,7 @@ def summary(stage: Any, r: dict[str, Any], k: int) -> dict[str, Any]:
         "label_issues": r["n_issues"],
         "issue_rate": round(r["n_issues"] / r["n"], 4) if r["n"] else 0.0,
         "estimated_noise_rate": round(r["joint_offdiag"] / r["joint_total"], 4) if r["joint_total"] else 0.0,
-        "action": stage.action, "dropped": stage.stats.dropped, "relabelled": stage.stats.relabelled,
+        "action": stage.action, "dropped": stage.tally.get("dropped"), "relabelled": stage.tally.get("relabelled"),
     }
     if stage.probabilities and stage.inputs == "logits":
         out["inputs"] = f"logits (softmax, temperature {stage.temperature:g})"
@@ -154,8 +124,29 @@ def describe(stage: Any) -> dict[str, Any]:
         blocks.append({"type": "table", "title": "Most frequent issues (given -> suggested)",
                        "columns": ["given", "suggested", "rows"],
                        "rows": [[classes[g], classes[s], c] for (g, s), c in r["pairs"]]})
-    if stage.stats.examples:
+    if stage.tally.items("examples"):
         blocks.append({"type": "examples", "title": "Worst labels (lowest label quality)",
                        "items": [{key: e[key] for key in ("id", "label", "text", "note")}
-                                 for e in stage.stats.examples]})
+                                 for e in stage.tally.items("examples")]})
     return {"title": title, "summary": summary(stage, r, k), "blocks": blocks}
+
+
+def worst_examples(stage: Any, batch: pa.Table, issue: np.ndarray, pos: pa.Array,
+                   texts_of: Callable[[pa.Table], list[str]], limit: int, chars: int) -> list[dict[str, Any]]:
+    """A batch's worst flagged rows (lowest label quality first, then position), with text."""
+    picked = np.flatnonzero(issue)
+    if picked.size == 0:
+        return []
+    idx = pos.to_numpy(zero_copy_only=False)[picked].astype(np.int64)
+    q = stage._quality.to_numpy()[idx]
+    order = np.lexsort((idx, q))[:limit]
+    rows = picked[order]
+    texts = texts_of(batch.take(pa.array(rows, pa.int64())))
+    out = []
+    for r, i, t in zip(rows, idx[order], texts, strict=True):
+        quality = stage._quality[int(i)].as_py()
+        out.append({"id": batch.column("id")[int(r)].as_py(), "label": stage._given[int(i)].as_py(),
+                    "text": t[:chars] + ("…" if len(t) > chars else ""), "quality": float(quality),
+                    "note": f"suggested {stage._suggested[int(i)].as_py()!r} "
+                            f"(p={stage._suggested_prob[int(i)]:.3f}); label quality {quality:.4f}"})
+    return out

@@ -11,12 +11,14 @@ words, local paraphrases). All three use the same seeded folds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dataguard.noise.crossval import out_of_sample_probs, refit_probs, select_C
 from dataguard.noise.knn import knn_probs
+from dataguard.text.features import choose_features, combine, tfidf_features, word_count
 
 Chosen = float | dict[str, float]
 
@@ -51,3 +53,25 @@ def refit(kind: str, views: dict[str, Any], y: np.ndarray, k: int, keep: np.ndar
     p_tf = refit_probs(views["tfidf"], y, k, keep, C=chosen["tfidf"], **cv)
     p_knn = knn_probs(views["embedding"], y, k, folds=folds, seed=seed, keep=keep)
     return (p_emb + p_tf + p_knn) / 3.0
+
+
+def feature_views(stage: Any, summaries: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    """(kind, matrices) for the classifiers from the noise stage's batch summaries; resolves
+    ``features: auto`` from the texts' lengths (and records the choice on the stage)."""
+    kind = stage.features
+    if kind == "auto":
+        kind, stage.auto_choice = choose_features([word_count(t) for s in summaries for t in (s.texts or [])])
+    stage.features_used = kind
+    tfidf = (tfidf_features([t for s in summaries for t in (s.texts or [])])
+             if kind in ("tfidf", "both", "ensemble") else None)
+    emb = _embeddings(stage.embedder, summaries) if kind in ("embedding", "both", "ensemble") else None
+    if kind == "ensemble":
+        return kind, {"embedding": np.ascontiguousarray(emb, dtype=np.float32), "tfidf": tfidf}
+    return kind, {"X": combine(tfidf, emb, embedding_weight=stage.embedding_weight)}
+
+
+def _embeddings(embedder: Any, summaries: Sequence[Any]) -> np.ndarray:
+    """All labelled rows' embeddings; ``auto`` batches that skipped them are embedded here."""
+    parts = [s.embeddings if s.embeddings is not None else embedder.encode(s.texts or [])
+             for s in summaries if s.ids]
+    return np.concatenate(parts) if parts else np.zeros((0, embedder.dimension), np.float32)

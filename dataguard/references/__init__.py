@@ -1,7 +1,7 @@
 """Reference sets for contamination scans: shipped benchmarks and user-named files.
 
 Shipped sets (compact ``jsonl.gz`` of the text fields only; provenance in SOURCE.md,
-rebuilt by ``python -m dataguard.references.build``):
+rebuilt by ``python scripts/build_references.py``):
 
 =============  ======  ==================================================================
 name           items   indexed fields (each field of each example is one reference item)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.report.fmt import clip
+from dataguard.run.manifest import Manifest, StageEntry
 
 MODEL_VERSION = 1
 SAMPLES_PER_REASON = 12
@@ -100,7 +101,7 @@ def parse_record(raw: str | None) -> dict[str, Any]:
     return {"kind": "json", "text": text, "cut": cut}
 
 
-def _expected_keys(stages: Iterable[dict]) -> dict[tuple[str, str], int]:
+def _expected_keys(stages: Iterable[StageEntry]) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for st in stages:
         for reason, count in (st.get("reasons") or {}).items():
@@ -196,7 +197,7 @@ def preview_kept(folder: Path, n: int = PREVIEW_ROWS) -> dict[str, Any] | None:
     return None
 
 
-def _checks(manifest: dict, out_dir: Path) -> list[dict[str, Any]]:
+def _checks(manifest: Manifest, out_dir: Path) -> list[dict[str, Any]]:
     """The nothing-lost checks, each with a verdict and the numbers behind it."""
     counts = manifest.get("counts") or {}
     rin, rk, rr = counts.get("rows_in"), counts.get("rows_kept"), counts.get("rows_rejected")
@@ -257,9 +258,11 @@ def collect(output_dir: str | Path, per_reason: int = SAMPLES_PER_REASON) -> dic
     mpath = out_dir / "manifest.json"
     if not mpath.is_file():
         raise ReportInputError(f"no manifest.json in {out_dir}: is this a dataguard output folder?")
-    manifest = _read_json(mpath)
+    # The schema the pipeline writes (dataguard.run.manifest); read with .get throughout, since a
+    # manifest from an older dataguard or edited by hand may lack keys.
+    manifest: Manifest = _read_json(mpath)
     run = _read_json(out_dir / "run.json") if (out_dir / "run.json").is_file() else {}
-    stages = [s for s in (manifest.get("stages") or []) if isinstance(s, dict)]
+    stages: list[StageEntry] = [s for s in (manifest.get("stages") or []) if isinstance(s, dict)]
     stage_seconds = run.get("stage_seconds") or {}
     counts = manifest.get("counts") or {}
     rows_in = counts.get("rows_in")

@@ -1,7 +1,7 @@
 """Semantic consistency: does the response talk about what the prompt asked?
 
 ``score`` embeds the prompt side (the user turns; system prompts are left out because a
-long generic system prompt would fill the model's input window (256 word pieces) and say nothing about
+long generic system prompt would fill the model's input window (128 word pieces by default) and say nothing about
 the row) and the response side (the assistant turns) with a sentence-transformers model
 and stores their cosine similarity as ``consistency_score`` (float32). Rows without user
 text or without an assistant turn (e.g. labelled intents) get NaN and are never flagged.
@@ -17,9 +17,13 @@ are exact to 0.001) and sets the cut relative to the dataset's own distribution:
 flagged rows as ``low_consistency``. With ``keep_embeddings=True`` the prompt and response
 vectors stay as ``prompt_embedding`` / ``response_embedding`` columns
 (fixed_size_list<float32>[dim]) that later stages read back with
-`dataguard.text.embeddings.embeddings_for` instead of running the model again.
+`dataguard.embed.embeddings_for` instead of running the model again. ``backend`` picks how
+the model runs (``onnx-int8`` by default; ``torch``, ``onnx``, ``static``; see `dataguard.embed`
+and the backend table of ``benchmarks/bench_consistency.py`` in the README) and
+``max_seq_length`` how many tokens of each side it reads (default: the model's trained length).
 
-Why median - 3 robust SDs: measured with all-MiniLM-L6-v2 on real rows from
+Why median - 3 robust SDs: measured with all-MiniLM-L6-v2 (default backend onnx-int8, 128
+tokens; fp32 torch flags 99.1 % of these pairs alike) on real rows from
 /work/shared/data, comparing each row's real pair with a mismatched pair (every response
 shifted to the next row's prompt), via ``benchmarks/bench_consistency.py``:
 
@@ -27,18 +31,18 @@ shifted to the next row's prompt), via ``benchmarks/bench_consistency.py``:
     data                        n    real    real   mismatched  rank   real rows    mismatched
                                      median  RSD*   median      AUC    flagged k=3  flagged k=3
     ==========================  ===  ======  =====  ==========  =====  ===========  ==========
-    alpaca_en_demo              999  0.693   0.150  0.036       0.998  2.1 %        97.4 %
-    gpteacher toolformer 0.6    600  0.587   0.102  0.102       0.990  2.3 %        91.0 %
-    glaive toolcall (ShareGPT)  300  0.686   0.120  0.050       0.995  1.0 %        95.7 %
-    kto_en_demo (messages)      300  0.684   0.158  0.030       0.988  5.0 %        95.3 %
-    dpo_en_demo (ShareGPT)      300  0.709   0.153  0.034       0.991  5.3 %        98.0 %
-    fastchat dummy (identity)   500  0.268   0.073  0.205       0.724  0.0 %         1.4 %
+    alpaca_en_demo              999  0.709   0.156  0.039       0.998  2.2 %        97.7 %
+    gpteacher toolformer 0.6    600  0.577   0.107  0.100       0.990  1.7 %        88.5 %
+    glaive toolcall (ShareGPT)  300  0.677   0.121  0.051       0.994  2.0 %        95.7 %
+    kto_en_demo (messages)      300  0.687   0.172  0.031       0.986  4.0 %        91.0 %
+    dpo_en_demo (ShareGPT)      300  0.698   0.169  0.027       0.989  4.3 %        94.3 %
+    fastchat dummy (identity)   500  0.260   0.077  0.198       0.715  0.0 %         1.2 %
     ==========================  ===  ======  =====  ==========  =====  ===========  ==========
 
     (* robust SD = 1.4826 x MAD; the cut is computed from the real rows' distribution.)
-    Excluding FastChat, k = 2 / 2.5 flag 8-13 % / 4-8 % of the real rows for 98-100 % /
-    95-99 % of the mismatched ones: k = 3 keeps the loss of real data at 1-5 % while still
-    catching 91-98 % of mismatches.
+    Excluding FastChat, k = 2 / 2.5 flag 8-12 % / 4-7 % of the real rows for 97-100 % /
+    94-99 % of the mismatched ones: k = 3 keeps the loss of real data at 2-4 % while still
+    catching 89-98 % of mismatches.
     The FastChat identity set shows the limit: short canned answers ("I am Vicuna...") to
     "Who are you?" are barely closer to their own prompt than to another, so the check has
     no power there, and the relative cut then flags (almost) nothing rather than
@@ -51,6 +55,7 @@ median of ~0.27 in one set and ~0.7 in another), which is why the cut is relativ
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,12 +64,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts, reject_rows, set_column
-from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.text.embeddings import Embedder, embedding_field, embeddings_for, to_arrow
+from dataguard.embed import DEFAULT_BACKEND, embedding_field, embeddings_for, stage_embedder, to_arrow
+from dataguard.params import EMBEDDER, FLAG, Interval, Options
+from dataguard.records import RESPONSE_ROLES, message_texts, reject_rows, set_column
+from dataguard.stage import Outcome, Stage
+from dataguard.tally import Tally
 
 ACTIONS = ("flag", "drop")
 METHODS = ("mad", "percentile")
+REASON = "low_consistency"
 N_BINS = 2000  # over [-1, 1]: bin width 0.001
 EDGES = np.linspace(-1.0, 1.0, N_BINS + 1)
 REPORT_BIN = 0.05
@@ -115,27 +123,23 @@ class ConsistencyStage(Stage):
 
     name = "consistency"
     needs_fit = True
+    constraints = {
+        "action": [Options(*ACTIONS)],
+        "method": [Options(*METHODS)],
+        "k": [Interval(float, 0, closed="neither")],
+        "percentile": [Interval(float, 0, 100, closed="neither")],
+        "threshold": [Interval(float, -1, 1), None],
+        "keep_embeddings": FLAG,
+        **EMBEDDER,
+    }
+    reasons = {REASON: "the response's embedding is unusually far from its prompt's (below the fitted cut)"}
 
     def __init__(self, *, model: str | Path | None = None, batch_size: int = 64, action: str = "flag",
                  method: str = "mad", k: float = 3.0, percentile: float = 1.0, threshold: float | None = None,
-                 keep_embeddings: bool = False, threads: int | None = None, device: str = "cpu") -> None:
-        if action not in ACTIONS:
-            raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}")
-        if method not in METHODS:
-            raise StageConfigError(f"method must be one of {METHODS}, got {method!r}")
-        if isinstance(k, bool) or not isinstance(k, int | float) or not k > 0:
-            raise StageConfigError(f"k must be a positive number, got {k!r}")
-        if isinstance(percentile, bool) or not isinstance(percentile, int | float) or not 0 < percentile < 100:
-            raise StageConfigError(f"percentile must be a number in (0, 100), got {percentile!r}")
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int | float)
-                                      or not -1.0 <= threshold <= 1.0):
-            raise StageConfigError(f"threshold must be a cosine in [-1, 1] or null, got {threshold!r}")
-        if not isinstance(keep_embeddings, bool):
-            raise StageConfigError(f"keep_embeddings must be true or false, got {keep_embeddings!r}")
-        try:
-            self.embedder = Embedder(model, batch_size=batch_size, threads=threads, device=device)
-        except ValueError as exc:  # its messages start with the parameter's name
-            raise StageConfigError(str(exc)) from exc
+                 keep_embeddings: bool = False, threads: int | None = None, device: str = "cpu",
+                 backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None) -> None:
+        self.embedder = stage_embedder(model, batch_size=batch_size, threads=threads, device=device, backend=backend,
+                                       max_seq_length=max_seq_length)
         self.action = action
         self.method = method
         self.k = float(k)
@@ -147,7 +151,6 @@ class ConsistencyStage(Stage):
         self.mad = math.nan
         self._hist = np.zeros(N_BINS, dtype=np.int64)
         self._fitted = threshold is not None
-        self._stats: dict[str, Any] = {"rows": 0, "flagged": 0, "no_score": 0, "examples": []}
 
     def output_columns(self) -> dict[str, pa.DataType]:
         cols: dict[str, pa.DataType] = {"consistency_score": pa.float32(), "consistency_flag": pa.bool_()}
@@ -159,7 +162,7 @@ class ConsistencyStage(Stage):
 
     def score(self, batch: pa.Table) -> pa.Table:
         prompts = message_texts(batch, ("user",))
-        responses = message_texts(batch, ("assistant",))
+        responses = message_texts(batch, RESPONSE_ROLES)
         valid = np.array([bool(p.strip()) and bool(r.strip()) for p, r in zip(prompts, responses, strict=True)],
                          dtype=bool)
         dim = self.embedder.dimension
@@ -214,12 +217,13 @@ class ConsistencyStage(Stage):
         with np.errstate(invalid="ignore"):
             flag = np.isfinite(scores) & (scores < self.cut)
         out = set_column(batch, pa.field("consistency_flag", pa.bool_()), pa.array(flag, pa.bool_()))
-        stats = {"rows": batch.num_rows, "flagged": int(flag.sum()), "no_score": int((~np.isfinite(scores)).sum()),
-                 "examples": self._examples(batch, scores, flag)}
+        stats = Tally(counts=Counter(rows=batch.num_rows, flagged=int(flag.sum()),
+                                     no_score=int((~np.isfinite(scores)).sum())))
+        stats.keep("examples", self._examples(batch, scores, flag), MAX_EXAMPLES, rank="score")
         if self.action == "drop" and flag.any():
             mask = pa.array(flag, pa.bool_())
             details = [f"prompt/response cosine {s:.3f} < cut {self.cut:.3f} ({self._rule()})" for s in scores[flag]]
-            rejected = reject_rows(out, mask, self.name, "low_consistency", details)
+            rejected = reject_rows(out, mask, self.name, REASON, details)
             return Outcome(kept=out.filter(pc.invert(mask)), rejected=rejected, stats=stats)
         return Outcome(kept=out, stats=stats)
 
@@ -230,23 +234,13 @@ class ConsistencyStage(Stage):
             return []
         picked = batch.take(pa.array(idx))
         prompts = message_texts(picked, ("user",))
-        responses = message_texts(picked, ("assistant",))
+        responses = message_texts(picked, RESPONSE_ROLES)
         ids = picked.column("id").to_pylist()
         return [{"id": ids[j], "score": float(scores[i]), "text": _snippet(prompts[j]),
                  "reference": _snippet(responses[j])} for j, i in enumerate(idx.tolist())]
 
-    def absorb(self, stats: Sequence[Any]) -> None:
-        for s in stats:
-            if s is None:
-                continue
-            for key in ("rows", "flagged", "no_score"):
-                self._stats[key] += s[key]
-            merged = self._stats["examples"] + s["examples"]
-            merged.sort(key=lambda e: e["score"])  # stable: ties keep input order
-            self._stats["examples"] = merged[:MAX_EXAMPLES]
-
     def describe(self) -> dict[str, Any]:
-        s = self._stats
+        t = self.tally
         hist = self._hist
         nz = np.flatnonzero(hist)
         blocks: list[dict[str, Any]] = []
@@ -261,12 +255,12 @@ class ConsistencyStage(Stage):
             blocks.append({"type": "histogram", "title": "Prompt/response cosine similarity",
                            "edges": [round(float(e), 4) for e in EDGES[lo:hi + 1:per]],
                            "series": {"rows": counts.tolist()}, "markers": markers, "x_label": "cosine"})
-        if s["examples"]:
+        if t.items("examples"):
             blocks.append({"type": "examples", "title": "Lowest-scoring flagged rows",
                            "items": [{"id": e["id"], "label": f"{e['score']:.3f}", "text": e["text"],
                                       "reference": e["reference"], "note": "prompt vs response"}
-                                     for e in s["examples"]]})
-        summary = {"rows": s["rows"], "flagged": s["flagged"], "no_score": s["no_score"],
+                                     for e in t.items("examples")]})
+        summary = {"rows": t.get("rows"), "flagged": t.get("flagged"), "no_score": t.get("no_score"),
                    "cut": None if not math.isfinite(self.cut) else round(self.cut, 4),
                    "median": None if math.isnan(self.median) else round(self.median, 4),
                    "mad": None if math.isnan(self.mad) else round(self.mad, 4),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +32,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import set_column
-from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
+from dataguard.params import Options
+from dataguard.records import PROMPT_ROLES, set_column
+from dataguard.stage import Outcome, Stage, drop_or_keep
+from dataguard.tally import Tally
 
 ACTIONS = ("flag", "drop")
 SCOPES = ("messages", "prompt")
-PROMPT_ROLES = frozenset({"system", "user", "tool"})
+REASON = "exact_duplicate"
 MAX_EXAMPLES = 20
 SNIPPET_CHARS = 200
 
@@ -83,18 +86,15 @@ class DedupStage(Stage):
 
     name = "dedup"
     needs_fit = True
+    constraints = {"action": [Options(*ACTIONS)], "scope": [Options(*SCOPES)]}
+    reasons = {REASON: "an exact copy of an earlier row (each turn stripped of surrounding whitespace)"}
 
     def __init__(self, *, action: str = "flag", scope: str = "messages") -> None:
-        if action not in ACTIONS:
-            raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}")
-        if scope not in SCOPES:
-            raise StageConfigError(f"scope must be one of {SCOPES}, got {scope!r}")
         self.action = action
         self.scope = scope
         self._keys: np.ndarray = np.zeros(0, dtype=np.uint64)  # sorted distinct hashes
         self._first: np.ndarray = np.zeros(0, dtype=object)  # first-occurrence id per key
         self._fitted = False
-        self._stats: dict[str, Any] = {"rows": 0, "duplicates": 0, "examples": []}
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"content_hash": pa.uint64(), "is_duplicate": pa.bool_(), "duplicate_of": pa.string()}
@@ -139,29 +139,21 @@ class DedupStage(Stage):
         examples = [{"id": i, "duplicate_of": f, "text": _snippet(t)}
                     for i, f, t in zip(ids[dup][:MAX_EXAMPLES].tolist(), first[dup][:MAX_EXAMPLES].tolist(),
                                        _texts(batch.filter(pa.array(dup))[:MAX_EXAMPLES]), strict=True)]
-        stats = {"rows": batch.num_rows, "duplicates": int(dup.sum()), "examples": examples}
-        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason="exact_duplicate", stats=stats,
+        stats = Tally(counts=Counter(rows=batch.num_rows, duplicates=int(dup.sum())))
+        stats.keep("examples", examples, MAX_EXAMPLES)
+        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason=REASON, stats=stats,
                             details=lambda: [f"same {self.scope} content as {f}" for f in first[dup].tolist()])
 
-    def absorb(self, stats: Sequence[Any]) -> None:
-        for s in stats:
-            if s is None:
-                continue
-            self._stats["rows"] += s["rows"]
-            self._stats["duplicates"] += s["duplicates"]
-            room = MAX_EXAMPLES - len(self._stats["examples"])
-            self._stats["examples"].extend(s["examples"][:max(room, 0)])
-
     def describe(self) -> dict[str, Any]:
-        s = self._stats
+        t = self.tally
         blocks: list[dict[str, Any]] = []
-        if s["examples"]:
+        if t.items("examples"):
             blocks.append({"type": "examples", "title": "Exact duplicates (later copies)",
                            "items": [{"id": e["id"], "label": "duplicate", "text": e["text"],
-                                      "note": f"first seen as {e['duplicate_of']}"} for e in s["examples"]]})
+                                      "note": f"first seen as {e['duplicate_of']}"} for e in t.items("examples")]})
         return {
             "title": "Exact duplicates",
-            "summary": {"rows": s["rows"], "duplicates": s["duplicates"], "distinct_contents": int(len(self._keys)),
+            "summary": {"rows": t.get("rows"), "duplicates": t.get("duplicates"), "distinct_contents": int(len(self._keys)),
                         "scope": self.scope, "action": self.action},
             "blocks": blocks,
         }

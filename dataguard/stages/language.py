@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dataguard.params import FRACTION, Interval, ListOf, Options, Satisfies
 from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
-from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stage import Outcome, Stage
+from dataguard.tally import Tally
 
 REASON = "wrong_language"
 REASONS = {REASON: "the detected language is not one of `languages` (and the detector is sure enough)"}
@@ -61,27 +63,20 @@ class LanguageStage(Stage):
     """Tags each row with its language and drops (or flags) the ones not wanted."""
 
     name = "language"
+    reasons = REASONS
+    constraints = {
+        "languages": [ListOf(Satisfies(lambda code: isinstance(code, str) and code in KNOWN_LANGUAGES,
+                                       f"a language code the detector knows ({len(KNOWN_LANGUAGES)} in all, "
+                                       "e.g. en, de, fr, zh, ja, es)"), min_len=1)],
+        "text": [Options(*TEXTS)],
+        "min_chars": [Interval(int, 0)],
+        "min_confidence": FRACTION,
+        "max_chars": [Interval(int, 1)],
+        "action": [Options(*ACTIONS)],
+    }
 
     def __init__(self, *, languages: Sequence[str] = ("en",), text: str = "full", min_chars: int = 20,
                  min_confidence: float = 0.8, max_chars: int = 2000, action: str = "drop") -> None:
-        if isinstance(languages, str) or not isinstance(languages, Sequence) or not languages:
-            raise StageConfigError(f"languages must be a non-empty list of ISO 639-1 codes, got {languages!r}",
-                                   param="languages")
-        unknown = [lang for lang in languages if lang not in KNOWN_LANGUAGES]
-        if unknown:
-            raise StageConfigError(f"languages: {unknown} unknown to the detector (it knows {len(KNOWN_LANGUAGES)} "
-                                   f"languages, e.g. en, de, fr, zh, ja, es)", param="languages")
-        if text not in TEXTS:
-            raise StageConfigError(f"text must be one of {tuple(TEXTS)}, got {text!r}", param="text")
-        for pname, value, lo in (("min_chars", min_chars, 0), ("max_chars", max_chars, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-                raise StageConfigError(f"{pname} must be an integer >= {lo}, got {value!r}", param=pname)
-        if (not isinstance(min_confidence, int | float) or isinstance(min_confidence, bool)
-                or not 0.0 <= min_confidence <= 1.0):
-            raise StageConfigError(f"min_confidence must be in [0, 1], got {min_confidence!r}",
-                                   param="min_confidence")
-        if action not in ACTIONS:
-            raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}", param="action")
         self.languages = sorted(set(languages))
         self.text = text
         self.min_chars = min_chars
@@ -89,10 +84,6 @@ class LanguageStage(Stage):
         self.max_chars = max_chars
         self.action = action
         self._model: Any = None
-        self._seen: Counter[str] = Counter()
-        self._rejected = 0
-        self._unjudged = 0
-        self._examples: list[dict[str, Any]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         """Workers load the model themselves; it is not pickled with the stage."""
@@ -129,38 +120,31 @@ class LanguageStage(Stage):
         wanted = set(self.languages)
         wrong = np.array([lang is not None and lang not in wanted and c >= self.min_confidence
                           for lang, c in zip(langs, conf, strict=True)], dtype=bool)
-        stats = {"seen": Counter(lang or "(too short)" for lang in langs), "rejected": int(wrong.sum()),
-                 "unjudged": sum(lang is None for lang in langs), "examples": []}
+        stats = Tally(counts=Counter(rejected=int(wrong.sum()), unjudged=sum(lang is None for lang in langs)))
+        stats.count("seen", (lang or "(too short)" for lang in langs))
         if not wrong.any() or self.action == "flag":
             return Outcome(kept=batch, stats=stats)
         picked = np.flatnonzero(wrong)
         details = [f"detected {langs[i]!r} (p={conf[i]:.3f}); allowed: {', '.join(self.languages)}" for i in picked]
         texts = TEXTS[self.text](batch.take(pa.array(picked[:MAX_EXAMPLES], pa.int64())))
-        stats["examples"] = [{"id": batch.column("id")[int(i)].as_py(), "label": langs[i], "text": t[:300],
-                              "note": d} for i, t, d in zip(picked[:MAX_EXAMPLES], texts, details, strict=False)]
+        stats.keep("examples", [{"id": batch.column("id")[int(i)].as_py(), "label": langs[i], "text": t[:300],
+                                 "note": d} for i, t, d in zip(picked[:MAX_EXAMPLES], texts, details, strict=False)],
+                   MAX_EXAMPLES)
         return Outcome(kept=batch.filter(pa.array(~wrong)), rejected=reject_rows(batch, wrong, self.name, REASON,
                                                                                  details), stats=stats)
 
-    def absorb(self, stats: Sequence[Any]) -> None:
-        for s in stats:
-            if not s:
-                continue
-            self._seen.update(s["seen"])
-            self._rejected += s["rejected"]
-            self._unjudged += s["unjudged"]
-            self._examples.extend(s["examples"])
-        self._examples = self._examples[:MAX_EXAMPLES]
-
     def describe(self) -> dict[str, Any]:
-        top = self._seen.most_common(20)
+        seen = self.tally.counters.get("seen", Counter())
+        top = seen.most_common(20)
         blocks: list[dict[str, Any]] = [
             {"type": "bar", "title": "Detected language (20 most frequent)", "labels": [k for k, _ in top],
              "series": {"rows": [v for _, v in top]}}]
-        if self._examples:
-            blocks.append({"type": "examples", "title": "Rows in another language", "items": self._examples})
+        if self.tally.items("examples"):
+            blocks.append({"type": "examples", "title": "Rows in another language",
+                           "items": self.tally.items("examples")})
         return {"title": "Language identification",
                 "summary": {"languages": ", ".join(self.languages), "action": self.action,
-                            "rows": sum(self._seen.values()), "rows_not_judged": self._unjudged,
-                            "rows_wrong_language": self._rejected, "min_confidence": self.min_confidence,
+                            "rows": sum(seen.values()), "rows_not_judged": self.tally.get("unjudged"),
+                            "rows_wrong_language": self.tally.get("rejected"), "min_confidence": self.min_confidence,
                             "min_chars": self.min_chars},
                 "blocks": blocks}

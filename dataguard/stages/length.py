@@ -19,37 +19,25 @@ smaller of both. ``apply`` rejects records under ``min_tokens`` content tokens
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.params import FLAG, OPTIONAL_NAME, Interval, Options
 from dataguard.records import MESSAGES_TYPE, flat_messages, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.text.histogram import IntHistogram, report_edges
+from dataguard.stages.length_report import describe_length
+from dataguard.stages.length_truncate import truncate_turns
+from dataguard.tally import Tally
+from dataguard.text.histogram import IntHistogram
 from dataguard.text.tokenizers import Tokenizer, check_tokenizer_spec, get_tokenizer
 
 ACTIONS = ("truncate", "drop")
 MAX_EXAMPLES = 20
-
-
-@dataclass
-class LengthStats:
-    """Per-batch outcome counts (mergeable by summing; histogram by merging)."""
-
-    rows_in: int = 0
-    too_short: int = 0
-    dropped: int = 0
-    untruncatable: int = 0
-    truncated: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    tokens_removed_by_truncation: int = 0
-    after: IntHistogram = field(default_factory=IntHistogram)
-    examples: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _messages_arrays(batch: pa.Table) -> tuple[np.ndarray, list[str], list[str]]:
@@ -69,6 +57,22 @@ class LengthStage(Stage):
 
     name = "length"
     needs_fit = True
+    constraints = {
+        "tokenizer": OPTIONAL_NAME,
+        "percentile": [Interval(float, 0, 100, closed="right"), None],
+        "factor": [Interval(float, 0, closed="neither")],
+        "max_tokens": [Interval(int, 1), None],
+        "min_tokens": [Interval(int, 0)],
+        "action": [Options(*ACTIONS)],
+        "keep_system": FLAG,
+        "keep_final_assistant": FLAG,
+        "cut_final": FLAG,
+    }
+    reasons = {
+        "too_short": "fewer tokens than min_tokens",
+        "too_long": "more tokens than the cap, with action: drop",
+        "too_long_untruncatable": "over the cap even after removing all removable history (protected turns alone exceed it)",
+    }
 
     def __init__(self, *, tokenizer: str | None = None, percentile: float | None = 90.0,
                  factor: float = 1.5, max_tokens: int | None = None, min_tokens: int = 4,
@@ -77,21 +81,7 @@ class LengthStage(Stage):
         try:
             check_tokenizer_spec(tokenizer)  # a missing tokenizer is a config error, not a worker's crash
         except ValueError as exc:
-            raise StageConfigError(str(exc)) from None
-        if percentile is not None and not (isinstance(percentile, int | float) and 0 < percentile <= 100):
-            raise StageConfigError(f"percentile must be in (0, 100] or null, got {percentile!r}")
-        if not (isinstance(factor, int | float) and factor > 0):
-            raise StageConfigError(f"factor must be > 0, got {factor!r}")
-        if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens > 0):
-            raise StageConfigError(f"max_tokens must be a positive integer or null, got {max_tokens!r}")
-        if not (isinstance(min_tokens, int) and min_tokens >= 0):
-            raise StageConfigError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
-        if action not in ACTIONS:
-            raise StageConfigError(f"action must be one of {ACTIONS}, got {action!r}")
-        for flag, value in (("keep_system", keep_system), ("keep_final_assistant", keep_final_assistant),
-                            ("cut_final", cut_final)):
-            if not isinstance(value, bool):
-                raise StageConfigError(f"{flag} must be true or false, got {value!r}")
+            raise StageConfigError(str(exc), param="tokenizer") from None
         self.tokenizer_spec = tokenizer
         self.percentile = float(percentile) if percentile is not None else None
         self.factor = float(factor)
@@ -104,7 +94,6 @@ class LengthStage(Stage):
         self.cap: int | None = max_tokens if percentile is None else None
         self.percentile_value: float | None = None
         self.before = IntHistogram()
-        self.stats = LengthStats()
         self._fitted = percentile is None
         self._tok: Tokenizer | None = None
 
@@ -191,7 +180,8 @@ class LengthStage(Stage):
                       if n else np.zeros(0, dtype=np.int64))
         csum = np.concatenate([[0], np.cumsum(msg_tokens)])
         content_tokens = csum[offsets[1:]] - csum[offsets[:-1]]
-        stats = LengthStats(rows_in=n, tokens_in=int(n_tokens.sum()))
+        stats = Tally(counts=Counter(rows_in=n, tokens_in=int(n_tokens.sum())))
+        examples: list[dict[str, Any]] = []
 
         reasons: list[str | None] = [None] * n
         details: list[str | None] = [None] * n
@@ -210,7 +200,8 @@ class LengthStage(Stage):
                 details[i] = f"n_tokens={before} > cap={cap}{self._cap_note()}"
                 continue
             s, e = int(offsets[i]), int(offsets[i + 1])
-            result = self._truncate(roles[s:e], contents[s:e], msg_tokens[s:e].tolist(), cap)
+            result = truncate_turns(roles[s:e], contents[s:e], msg_tokens[s:e].tolist(), cap, self.tokenizer,
+                                    keep_system=self.keep_system, cut_final=self.cut_final)
             if result is None:
                 reasons[i] = "too_long_untruncatable"
                 details[i] = (f"n_tokens={before} > cap={cap}{self._cap_note()}; still over after removing "
@@ -230,11 +221,11 @@ class LengthStage(Stage):
                 per_msg_py[i] = new_counts[i]
                 tokens_after[i] = sum(new_counts[i]) + tok.template_overhead(tuple(m["role"] for m in msgs))
                 truncated[i] = True
-                stats.tokens_removed_by_truncation += int(tokens_before[i] - tokens_after[i])
-                if len(stats.examples) < MAX_EXAMPLES:
-                    stats.examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
-                                           "after": int(tokens_after[i]), "turns_before": int(offsets[i + 1] - offsets[i]),
-                                           "turns_after": len(msgs)})
+                stats.add("tokens_removed_by_truncation", int(tokens_before[i] - tokens_after[i]))
+                if len(examples) < MAX_EXAMPLES:
+                    examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
+                                     "after": int(tokens_after[i]), "turns_before": int(offsets[i + 1] - offsets[i]),
+                                     "turns_after": len(msgs)})
             batch = set_column(batch, "messages", pa.array(msgs_py, MESSAGES_TYPE))
             batch = set_column(batch, "message_tokens", pa.array(per_msg_py, pa.list_(pa.int32())))
             batch = set_column(batch, "n_tokens", pa.array(tokens_after.astype(np.int32), pa.int32()))
@@ -247,17 +238,18 @@ class LengthStage(Stage):
         rejected = reject_rows(batch, reject_mask, self.name, [reasons[i] for i in rej_idx],
                                [details[i] for i in rej_idx])
         kept = batch.filter(pa.array(~reject_mask))
-        stats.too_short = int(sum(1 for r in reasons if r == "too_short"))
-        stats.dropped = int(sum(1 for r in reasons if r == "too_long"))
-        stats.untruncatable = int(sum(1 for r in reasons if r == "too_long_untruncatable"))
-        stats.truncated = int(truncated.sum())
-        stats.tokens_out = int(tokens_after[~reject_mask].sum())
-        stats.after = IntHistogram.of(tokens_after[~reject_mask])
+        stats.add("too_short", sum(1 for r in reasons if r == "too_short"))
+        stats.add("dropped", sum(1 for r in reasons if r == "too_long"))
+        stats.add("untruncatable", sum(1 for r in reasons if r == "too_long_untruncatable"))
+        stats.add("truncated", int(truncated.sum()))
+        stats.add("tokens_out", int(tokens_after[~reject_mask].sum()))
+        stats.put("after", IntHistogram.of(tokens_after[~reject_mask]))
         for i in rej_idx.tolist():
-            if reasons[i] != "too_short" and len(stats.examples) < MAX_EXAMPLES:
-                stats.examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
-                                       "after": None, "turns_before": int(offsets[i + 1] - offsets[i]),
-                                       "turns_after": None, "reason": reasons[i]})
+            if reasons[i] != "too_short" and len(examples) < MAX_EXAMPLES:
+                examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
+                                 "after": None, "turns_before": int(offsets[i + 1] - offsets[i]),
+                                 "turns_after": None, "reason": reasons[i]})
+        stats.keep("examples", examples, MAX_EXAMPLES)
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
     def _cap_note(self) -> str:
@@ -266,75 +258,7 @@ class LengthStage(Stage):
         return f" (p{self.percentile:g}={self.percentile_value:g} x {self.factor:g}" + (
             f", max_tokens={self.max_tokens})" if self.max_tokens is not None else ")")
 
-    def _truncate(self, roles: list[str], contents: list[str], counts: list[int],
-                  cap: int) -> tuple[list[dict[str, str]], list[int]] | None:
-        """Drop oldest history exchanges (then what configuration allows) until <= cap."""
-        tok = self.tokenizer
-        idx = list(range(len(roles)))
-        sys_idx = [j for j in idx if roles[j] == "system"]
-        rest = [j for j in idx if roles[j] != "system"]
-        # The final exchange: the last user turn and everything after it (or the last turn).
-        last_user = max((k for k, j in enumerate(rest) if roles[j] == "user"), default=max(len(rest) - 1, 0))
-        final = rest[last_user:]
-        history = rest[:last_user]
-        # History units: a user turn plus the non-user turns that follow it.
-        units: list[list[int]] = []
-        for j in history:
-            if roles[j] == "user" or not units:
-                units.append([j])
-            else:
-                units[-1].append(j)
-
-        def total(sel: list[int]) -> int:
-            return sum(counts[j] for j in sel) + tok.template_overhead(tuple(roles[j] for j in sel))
-
-        keep_sys = list(sys_idx)
-        while True:
-            sel = sorted(keep_sys + [j for u in units for j in u] + final)
-            if total(sel) <= cap:
-                break
-            if units:
-                units.pop(0)
-                continue
-            if keep_sys and not self.keep_system:
-                keep_sys = []
-                continue
-            if not self.cut_final or not final:
-                return None
-            # Cut the final turn's text at a token boundary.
-            last = final[-1]
-            over = total(sel) - cap
-            allowed = counts[last] - over
-            if allowed <= 0:
-                return None
-            ids = tok.encode_batch([contents[last]])[0][:allowed]
-            text = tok.decode(ids).rstrip("\ufffd")
-            new_count = int(tok.count_batch([text])[0])
-            msgs = [{"role": roles[j], "content": (text if j == last else contents[j])} for j in sel]
-            new_counts = [new_count if j == last else counts[j] for j in sel]
-            if sum(new_counts) + tok.template_overhead(tuple(m["role"] for m in msgs)) > cap:
-                return None
-            return msgs, new_counts
-        return [{"role": roles[j], "content": contents[j]} for j in sel], [counts[j] for j in sel]
-
     # -- report ----------------------------------------------------------------------------
-    def absorb(self, stats: Sequence[Any]) -> None:
-        total = LengthStats()
-        for s in stats:
-            if s is None:
-                continue
-            total.rows_in += s.rows_in
-            total.too_short += s.too_short
-            total.dropped += s.dropped
-            total.untruncatable += s.untruncatable
-            total.truncated += s.truncated
-            total.tokens_in += s.tokens_in
-            total.tokens_out += s.tokens_out
-            total.tokens_removed_by_truncation += s.tokens_removed_by_truncation
-            total.examples.extend(s.examples[: max(0, MAX_EXAMPLES - len(total.examples))])
-        total.after = IntHistogram.merge([s.after for s in stats if s is not None])
-        self.stats = total
-
     def training_state(self) -> dict[str, Any]:
         """What a training run needs: the cap as its ``max_length`` and which tokenizer counted it
         (with the chat-template overhead included), so a runner can warn when its own differs."""
@@ -342,51 +266,4 @@ class LengthStage(Stage):
                 "action": self.action}
 
     def describe(self) -> dict[str, Any]:
-        st = self.stats
-        removed = st.tokens_in - st.tokens_out
-        summary = {
-            "tokenizer": self.tokenizer_spec or "qwen2.5",
-            "cap": self.cap,
-            "percentile": self.percentile,
-            "percentile_value": self.percentile_value,
-            "factor": self.factor,
-            "max_tokens": self.max_tokens,
-            "min_tokens": self.min_tokens,
-            "action": self.action,
-            "rows_in": st.rows_in,
-            "rows_too_short": st.too_short,
-            "rows_dropped_too_long": st.dropped,
-            "rows_untruncatable": st.untruncatable,
-            "rows_truncated": st.truncated,
-            "tokens_in": st.tokens_in,
-            "tokens_out": st.tokens_out,
-            "share_tokens_removed": round(removed / st.tokens_in, 6) if st.tokens_in else 0.0,
-            "share_tokens_removed_by_truncation": (round(st.tokens_removed_by_truncation / st.tokens_in, 6)
-                                                   if st.tokens_in else 0.0),
-        }
-        blocks: list[dict[str, Any]] = []
-        if self.before.total:
-            top = int(self.before.values.max())
-            edges = report_edges(top)
-            markers = [{"label": "cap", "value": self.cap}] if self.cap is not None else []
-            if self.percentile_value is not None:
-                markers.append({"label": f"p{self.percentile:g}", "value": self.percentile_value})
-            blocks.append({
-                "type": "histogram", "title": "Tokens per record", "edges": edges.tolist(),
-                "series": {"before": self.before.binned(edges), "after": st.after.binned(edges)},
-                "markers": markers, "x_label": "tokens",
-            })
-        blocks.append({
-            "type": "bar", "title": "Rows by outcome",
-            "labels": ["kept unchanged", "truncated", "too_short", "too_long", "too_long_untruncatable"],
-            "series": {"rows": [st.rows_in - st.truncated - st.too_short - st.dropped - st.untruncatable,
-                                st.truncated, st.too_short, st.dropped, st.untruncatable]},
-        })
-        if st.examples:
-            blocks.append({
-                "type": "table", "title": "Truncated or dropped records (first 20)",
-                "columns": ["id", "tokens before", "tokens after", "turns before", "turns after", "outcome"],
-                "rows": [[e["id"], e["before"], e["after"], e["turns_before"], e["turns_after"],
-                          e.get("reason", "truncated")] for e in st.examples],
-            })
-        return {"title": "Length percentile truncation", "summary": summary, "blocks": blocks}
+        return describe_length(self)

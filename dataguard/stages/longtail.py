@@ -41,8 +41,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.params import NAME, Interval, ListOf, MapOf, Options, Satisfies, Text
 from dataguard.records import empty_rejected, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.longtail_report import describe_longtail
 from dataguard.stats.logit_adjust import logit_offsets
 from dataguard.stats.repeat import (
     REPEAT_COLUMN,
@@ -58,50 +60,18 @@ from dataguard.stats.reweighting import (
     resample_factors,
     target_shares,
 )
+from dataguard.tally import Tally
 
 REASON_RESAMPLED_OUT = "resampled_out"
 
 
-def _validate(label_column: str, tau: float, weighting: str, beta: float, resample: Any,
-              phases: Sequence[float], tail_boost: float, seed: int) -> None:
-    """Per-parameter checks; each error names its parameter."""
-    if not isinstance(label_column, str) or not label_column:
-        raise StageConfigError(f"label_column must be a non-empty string, got {label_column!r}")
-    if not isinstance(tau, int | float) or isinstance(tau, bool) or not np.isfinite(tau) or tau < 0:
-        raise StageConfigError(f"tau must be a finite number >= 0, got {tau!r}")
-    if weighting not in WEIGHTINGS:
-        raise StageConfigError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    if not isinstance(beta, int | float) or isinstance(beta, bool) or not 0.0 < beta < 1.0:
-        raise StageConfigError(f"beta must be in (0, 1), got {beta!r}")
-    if resample is not None and resample != "balanced":
-        if not isinstance(resample, Mapping) or not resample:
-            raise StageConfigError(f"resample must be None, 'balanced' or a {{class: share}} mapping, got {resample!r}")
-        for k, v in resample.items():
-            if not isinstance(k, str) or not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
-                raise StageConfigError(f"resample: share for {k!r} must be a number >= 0, got {v!r}")
-        if sum(resample.values()) <= 0:
-            raise StageConfigError("resample: target shares must not all be 0")
-    p = list(phases) if isinstance(phases, Sequence) and not isinstance(phases, str) else None
-    if (p is None or any(not isinstance(b, int | float) or isinstance(b, bool) for b in p)
-            or any(not 0.0 < b <= 1.0 for b in p) or any(b2 <= b1 for b1, b2 in zip(p, p[1:], strict=False))):
-        raise StageConfigError(f"phases must be increasing fractions of the classes in (0, 1], got {phases!r}")
-    if not isinstance(tail_boost, int | float) or isinstance(tail_boost, bool) or tail_boost <= 0:
-        raise StageConfigError(f"tail_boost must be a number > 0, got {tail_boost!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise StageConfigError(f"seed must be an integer, got {seed!r}")
+def _increasing_fractions(value: Any) -> bool:
+    fractions = ListOf(Interval(float, 0, 1, closed="right"), min_len=1)
+    return fractions.ok(value) and all(b > a for a, b in zip(value, value[1:], strict=False))
 
 
-def _validate_schedule(phases: Sequence[float], head_share: float, schedule: Any, unit: str) -> None:
-    if not isinstance(head_share, int | float) or isinstance(head_share, bool) or not 0.0 <= head_share < 1.0:
-        raise StageConfigError(f"head_share must be a fraction in [0, 1), got {head_share!r}")
-    p = list(schedule) if isinstance(schedule, Sequence) and not isinstance(schedule, str) else None
-    if (p is None or any(not isinstance(b, int | float) or isinstance(b, bool) for b in p)
-            or any(not 0.0 < b <= 1.0 for b in p) or any(b2 <= b1 for b1, b2 in zip(p, p[1:], strict=False))):
-        raise StageConfigError(f"schedule must be increasing fractions of the run in (0, 1], got {schedule!r}")
-    if len(p) != len(phases):
-        raise StageConfigError(f"schedule needs one boundary per entry of phases ({len(phases)}), got {schedule!r}")
-    if unit not in ("steps", "epochs"):
-        raise StageConfigError(f"schedule_unit must be 'steps' or 'epochs', got {unit!r}")
+_FRACTIONS = [Satisfies(_increasing_fractions, "increasing fractions in (0, 1]")]
+_SHARES = MapOf(Text(), Interval(float, 0), min_len=1)
 
 
 class LongTailStage(Stage):
@@ -109,14 +79,31 @@ class LongTailStage(Stage):
 
     name = "longtail"
     needs_fit = True
+    constraints = {
+        "label_column": NAME,
+        "tau": [Interval(float, 0)],
+        "weighting": [Options(*WEIGHTINGS)],
+        "beta": [Interval(float, 0, 1, closed="neither")],
+        "resample": [Options("balanced"), _SHARES, None],
+        "phases": _FRACTIONS,
+        "head_share": [Interval(float, 0, 1, closed="left")],
+        "schedule": _FRACTIONS,
+        "schedule_unit": [Options("steps", "epochs")],
+        "tail_boost": [Interval(float, 0, closed="neither")],
+        "seed": [Interval(int)],
+    }
+    reasons = {REASON_RESAMPLED_OUT: "drew no copies when the classes were resampled to the target shares"}
 
     def __init__(self, *, label_column: str = "label", tau: float = 1.0, weighting: str = "inverse",
                  beta: float = 0.999, resample: str | Mapping[str, float] | None = None,
                  phases: Sequence[float] = (0.5, 0.8), head_share: float = 0.01,
                  schedule: Sequence[float] = (0.25, 0.5), schedule_unit: str = "steps",
                  tail_boost: float = 2.0, seed: int = 0) -> None:
-        _validate(label_column, tau, weighting, beta, resample, phases, tail_boost, seed)
-        _validate_schedule(phases, head_share, schedule, schedule_unit)
+        if isinstance(resample, Mapping) and sum(resample.values()) <= 0:
+            raise StageConfigError("resample: target shares must not all be 0", param="resample")
+        if len(schedule) != len(phases):
+            raise StageConfigError(f"schedule needs one boundary per entry of phases ({len(phases)}), "
+                                   f"got {schedule!r}", param="schedule")
         self.label_column = label_column
         self.tau = float(tau)
         self.weighting = weighting
@@ -130,8 +117,6 @@ class LongTailStage(Stage):
         self.seed = seed
         self._fitted = False
         self._after: Counter | None = None
-        self._rows_resampled_out = 0
-        self._rows_repeated = 0
 
     # -- contract ---------------------------------------------------------------------------
     def output_columns(self) -> dict[str, pa.DataType]:
@@ -212,22 +197,14 @@ class LongTailStage(Stage):
             kept = scored.filter(pa.array(~out_mask))
         reps = multiplicity(kept)
         after = weighted_value_counts(self._labels(kept).combine_chunks(), reps)
-        stats = {"after": after, "resampled_out": int(rejected.num_rows),
-                 "repeated": int((reps > 1).sum()) if reps is not None else 0}
+        stats = Tally(counts=Counter(resampled_out=int(rejected.num_rows),
+                                     repeated=int((reps > 1).sum()) if reps is not None else 0))
+        stats.count("after", after)
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
     def absorb(self, stats: Sequence[Any]) -> None:
-        after: Counter = Counter()
-        out = dup = 0
-        for s in stats:
-            if not s:
-                continue
-            after.update(s["after"])
-            out += s["resampled_out"]
-            dup += s["repeated"]
-        self._after = after
-        self._rows_resampled_out = out
-        self._rows_repeated = dup
+        super().absorb(stats)
+        self._after = self.tally.counters.get("after", Counter())  # from now on: what apply emitted
 
     # -- outputs for the training runner and the report ------------------------------------
     def training_state(self) -> dict[str, Any]:
@@ -272,58 +249,4 @@ class LongTailStage(Stage):
         }
 
     def describe(self) -> dict[str, Any]:
-        if not self._fitted:
-            return {"title": "Long-tail rebalancing", "summary": {"fitted": False}, "blocks": []}
-        state = self.training_state()
-        counts = self.counts
-        after = self._after if self._after is not None else \
-            Counter({c: float(e) for c, e in zip(self.classes, self.expected, strict=True)})
-        after_counts = np.array([after.get(c, 0) for c in self.classes], dtype=np.float64)
-
-        def ratio(x: np.ndarray) -> float | None:
-            pos = x[x > 0]
-            return float(pos.max() / pos.min()) if pos.size else None
-
-        n_phases = len(self.phases) + 1
-        phase_rows = [int(counts[self.class_phase == k].sum()) for k in range(1, n_phases + 1)]
-        phase_text = "; ".join(
-            f"phase {k}: {len(state['curriculum']['phase_classes'][k - 1])} new classes, "
-            f"{phase_rows[k - 1]} rows" for k in range(1, n_phases + 1))
-        summary = {
-            "rows": int(counts.sum()) + self._unlabelled,
-            "classes": len(self.classes),
-            "unlabelled_rows": self._unlabelled,
-            "imbalance_ratio_before": ratio(counts),
-            "imbalance_ratio_after": ratio(after_counts),
-            "tau": self.tau,
-            "weighting": self.weighting,
-            "resample": self.resample if self.resample is None or isinstance(self.resample, str) else "mapping",
-            "rows_resampled_out": self._rows_resampled_out,
-            "rows_repeated": self._rows_repeated,
-            "min_weight": float(self.weights.min()) if len(self.weights) else None,
-            "max_weight": float(self.weights.max()) if len(self.weights) else None,
-        }
-        labels = list(self.classes)
-        blocks: list[dict[str, Any]] = [
-            {"type": "bar", "title": "Rows per class (head first)", "labels": labels,
-             "series": {"before": [int(c) for c in counts], "after": [float(c) for c in after_counts]}},
-            {"type": "bar", "title": f"Per-class sample weight ({self.weighting})", "labels": labels,
-             "series": {"weight": state["class_weights"]}},
-            {"type": "bar", "title": f"Logit offsets tau*log(pi), tau={self.tau}", "labels": labels,
-             "series": {"offset": state["logit_offsets"]}},
-            {"type": "table", "title": "Classes",
-             "columns": ["class", "rows", "prior", "logit_offset", "weight", "phase"],
-             "rows": [[c, int(n), round(float(p), 6), None if o is None else round(o, 6), round(w, 6), int(ph)]
-                      for c, n, p, o, w, ph in zip(labels, counts, state["priors"], state["logit_offsets"],
-                                                   state["class_weights"], state["curriculum"]["class_phase"],
-                                                   strict=True)]},
-            {"type": "text", "title": "Curriculum",
-             "text": (f"Phases by classes, most frequent first: phase 1 = the first {self.phases[0]:.0%} of "
-                      f"classes with a share >= {self.head_share:g}, then the first "
-                      f"{', '.join(f'{b:.0%}' for b in self.phases[1:]) or '-'}, then all; {phase_text}. "
-                      f"Schedule: phase k ends at {list(self.schedule)} of the run ({self.schedule_unit}). "
-                      f"In phase {n_phases} the tail classes are weighted x{self.tail_boost}. Each row's "
-                      f"curriculum_phase column is the phase its class enters.")},
-        ]
-        # the full training_state() goes to the manifest's "training" section (see pipeline)
-        return {"title": "Long-tail rebalancing", "summary": summary, "blocks": blocks}
+        return describe_longtail(self)

@@ -36,6 +36,7 @@ See ``benchmarks/bench_near_dedup.py`` for recall, precision and throughput agai
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,16 +45,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts, set_column
+from dataguard.params import FLAG, SEED, SOURCES, Interval, Options
+from dataguard.records import PROMPT_ROLES, ROLES, message_texts, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
 from dataguard.stages.dedup import tools_key
 from dataguard.stats.clusters import connected_components, pick_kept
+from dataguard.tally import Tally
 from dataguard.text import minhash
 
 ACTIONS = ("drop", "flag")
 KEEPS = ("first", "longest")
 SCOPES = ("messages", "prompt")
-SCOPE_ROLES = {"messages": ("system", "user", "assistant", "tool"), "prompt": ("system", "user", "tool")}
+REASON = "near_duplicate"
+SCOPE_ROLES = {"messages": ROLES, "prompt": PROMPT_ROLES}
 MAX_ROUNDS = 8
 # Weight of the false-positive area when bands x rows are derived: every candidate pair is
 # checked (exact or estimated Jaccard) before it links rows, so a false candidate only costs
@@ -79,21 +83,9 @@ class NearDedupSummary:
     tools: np.ndarray | None = None  # uint64 hash of meta["tools"] (0: none); rows differing here never link
 
 
-def int_param(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise StageConfigError(f"{name} must be an integer {bound}, got {value!r}", param=name)
-    return value
-
-
-def check_sources(value: Any) -> tuple[str, ...]:
-    """validation_sources: a list of input names (a single name is accepted)."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list | tuple) or not all(isinstance(s, str) and s for s in value):
-        raise StageConfigError(f"validation_sources must be a list of input (source) names, got {value!r}",
-                               param="validation_sources")
-    return tuple(value)
+def source_names(value: str | Sequence[str]) -> tuple[str, ...]:
+    """validation_sources as a tuple (a single name is accepted; `params.SOURCES` checked it)."""
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def is_validation(batch: pa.Table, sources: tuple[str, ...]) -> np.ndarray:
@@ -109,35 +101,37 @@ class NearDedupStage(Stage):
 
     name = "near_dedup"
     needs_fit = True
+    constraints = {
+        "threshold": [Interval(float, 0, 1, closed="right")],
+        "shingle": [Options(*minhash.SHINGLE_KINDS)],
+        "shingle_size": [Interval(int, 1, 64)],
+        "num_perm": [Interval(int, 1, 1024)],
+        "bands": [Interval(int, 1), None],
+        "rows": [Interval(int, 1), None],
+        "verify": FLAG,
+        "keep": [Options(*KEEPS)],
+        "scope": [Options(*SCOPES)],
+        "action": [Options(*ACTIONS)],
+        "validation_sources": SOURCES,
+        "seed": SEED,
+    }
+    reasons = {REASON: "a near copy (MinHash, Jaccard >= threshold) of a kept row"}
 
     def __init__(self, *, threshold: float = 0.7, shingle: str = "word", shingle_size: int = 5,
                  num_perm: int = 128, bands: int | None = None, rows: int | None = None, verify: bool = True,
                  keep: str = "first", scope: str = "messages", action: str = "drop",
                  validation_sources: Sequence[str] = (), seed: int = 1) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 < threshold <= 1.0:
-            raise StageConfigError(f"threshold must be a Jaccard similarity in (0, 1], got {threshold!r}",
-                                   param="threshold")
-        if shingle not in minhash.SHINGLE_KINDS:
-            raise StageConfigError(f"shingle must be one of {minhash.SHINGLE_KINDS}, got {shingle!r}", param="shingle")
-        self.shingle_size = int_param("shingle_size", shingle_size, 1, 64)
-        self.num_perm = int_param("num_perm", num_perm, 1, 1024)
+        self.shingle_size = shingle_size
+        self.num_perm = num_perm
         if (bands is None) != (rows is None):
             missing = "rows" if rows is None else "bands"
             raise StageConfigError(f"{missing}: give both bands and rows, or neither (derived from threshold)",
                                    param=missing)
-        if bands is not None:
-            int_param("bands", bands, 1)
-            int_param("rows", rows, 1)
-            if bands * rows > num_perm:
-                raise StageConfigError(f"bands x rows ({bands} x {rows}) must be <= num_perm ({num_perm})",
-                                       param="bands")
-        if not isinstance(verify, bool):
-            raise StageConfigError(f"verify must be true or false, got {verify!r}", param="verify")
-        for pname, val, allowed in (("keep", keep, KEEPS), ("scope", scope, SCOPES), ("action", action, ACTIONS)):
-            if val not in allowed:
-                raise StageConfigError(f"{pname} must be one of {allowed}, got {val!r}", param=pname)
-        self.seed = int_param("seed", seed, 0)
-        self.validation_sources = check_sources(validation_sources)
+        if bands is not None and bands * rows > num_perm:
+            raise StageConfigError(f"bands x rows ({bands} x {rows}) must be <= num_perm ({num_perm})",
+                                   param="bands")
+        self.seed = seed
+        self.validation_sources = source_names(validation_sources)
         self.threshold = float(threshold)
         self.shingle = shingle
         self.bands, self.rows = (bands, rows) if bands is not None else \
@@ -151,7 +145,6 @@ class NearDedupStage(Stage):
         self._example_ids: dict[str, int] = {}
         self._fitted = False
         self._fit_stats: dict[str, Any] = {}
-        self._stats: dict[str, Any] = {"rows": 0, "near_duplicates": 0, "snippets": {}}
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"near_dup_cluster": pa.int64(), "near_dup_of": pa.string(), "near_dup_jaccard": pa.float32()}
@@ -225,29 +218,26 @@ class NearDedupStage(Stage):
             raise RuntimeError("NearDedupStage.apply called before fit")
         out, got, dup = cluster_columns(batch, self._decision, "near_dup", "jaccard")
         snippets = example_snippets(batch, self._example_ids, SCOPE_ROLES[self.scope]) if self._example_ids else {}
-        stats = {"rows": batch.num_rows, "near_duplicates": int(dup.sum()), "snippets": snippets}
+        stats = Tally(counts=Counter(rows=batch.num_rows, near_duplicates=int(dup.sum())), lookup={"snippets": snippets})
         kind = "exact" if self.verify else "MinHash-estimated"
-        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason="near_duplicate", stats=stats,
+        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason=REASON, stats=stats,
                             details=lambda: [f"near duplicate of {got[p][1]} ({kind} Jaccard {got[p][2]:.3f} of "
                                              f"{self.shingle} {self.shingle_size}-shingles; cluster {got[p][0]})"
                                              for p in np.flatnonzero(dup).tolist()])
 
-    def absorb(self, stats: Sequence[Any]) -> None:
-        merge_stats(self._stats, stats, "near_duplicates")
-
     def describe(self) -> dict[str, Any]:
-        f, s = self._fit_stats, self._stats
+        f, t = self._fit_stats, self.tally
         blocks: list[dict[str, Any]] = []
         if f.get("clusters"):
             blocks.append({"type": "bar", "title": "Near-duplicate clusters by size",
                            "labels": [f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi else f">={lo}")
                                       for lo, hi in SIZE_BINS], "series": {"clusters": f["size_counts"]}})
-        snip = s["snippets"]
+        snip = t.lookup.get("snippets", {})
         items = [{"id": i, "label": f"Jaccard {j:.3f}", "text": snip.get(i, ""), "reference": snip.get(k, ""),
                   "reference_id": k, "note": f"kept: {k}"} for i, k, j in f.get("examples", [])]
         if items:
             blocks.append({"type": "examples", "title": "Near duplicates (dropped row vs kept row)", "items": items})
-        summary = {"rows": s["rows"], "near_duplicates": s["near_duplicates"], "clusters": f.get("clusters", 0),
+        summary = {"rows": t.get("rows"), "near_duplicates": t.get("near_duplicates"), "clusters": f.get("clusters", 0),
                    "rows_in_clusters": f.get("rows_in_clusters", 0), "largest_cluster": f.get("largest_cluster", 0),
                    "candidate_pairs": f.get("candidate_pairs", 0), "accepted_pairs": f.get("accepted_pairs", 0),
                    "rows_without_text": f.get("rows_without_text", 0), "threshold": self.threshold,
@@ -351,16 +341,6 @@ def example_snippets(batch: pa.Table, example_ids: dict[str, int], roles: Sequen
         return {}
     texts = message_texts(batch.take(pa.array(wanted, pa.int64())), roles)
     return {ids[p]: snippet(t) for p, t in zip(wanted, texts, strict=True)}
-
-
-def merge_stats(total: dict[str, Any], stats: Sequence[Any], counter: str) -> None:
-    """Sum ``rows`` and ``counter`` and collect the snippets of every batch's stats."""
-    for s in stats:
-        if s is None:
-            continue
-        total["rows"] += s["rows"]
-        total[counter] += s[counter]
-        total["snippets"].update(s["snippets"])
 
 
 def tools_keys(batch: pa.Table) -> np.ndarray:

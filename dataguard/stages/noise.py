@@ -28,7 +28,7 @@ to 16 words (intents) it averages three out-of-fold models - SGD logistic on Min
 embeddings, SGD logistic on TF-IDF, cosine kNN on the embeddings - which lifts banking77
 detection F1 at 10% seeded noise from 0.844 (embeddings alone) to 0.881; longer texts get
 TF-IDF alone (20 Newsgroups: 59 of 82 confirmed errors in the worst 2% vs 18 with
-embeddings; MiniLM reads only the first 256 word pieces). ``embedding``, ``tfidf``,
+embeddings; MiniLM reads only the first 128 word pieces). ``embedding``, ``tfidf``,
 ``both`` (stacked) and ``ensemble`` can still be forced. Classifier: one-vs-rest SGD
 logistic models rank label errors better than multinomial logistic regression on both
 banking77 and 20 Newsgroups; ``C=None`` picks the regularisation from (1, 10, 100) by
@@ -63,7 +63,7 @@ not when the whole set turns out short. Parameters are validated in
 
 from __future__ import annotations
 
-import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,17 +72,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
 from dataguard.noise import params as P
 from dataguard.noise import report
 from dataguard.noise import views as views_mod
-from dataguard.noise.confident import NoiseEstimate, budget_count, estimate, limit_flags
-from dataguard.noise.probs import to_probabilities
-from dataguard.noise.report import NoiseStats, merge_stats
+from dataguard.noise.confident import NoiseEstimate, estimate, within_budget
+from dataguard.noise.given import class_list, gather_probs
 from dataguard.noise.rounds import run_rounds
 from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
-from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.text.embeddings import Embedder, embeddings_for
-from dataguard.text.features import AUTO_MAX_WORDS, choose_features, combine, tfidf_features, word_count
+from dataguard.stage import Outcome, Stage
+from dataguard.tally import Tally
+from dataguard.text.features import AUTO_MAX_WORDS, word_count
 
 TEXTS = {"prompt": prompt_texts, "response": response_texts, "full": full_texts}
 REASON = "label_issue"
@@ -108,6 +108,8 @@ class NoiseStage(Stage):
 
     name = "noise"
     needs_fit = True
+    constraints = P.CONSTRAINTS
+    reasons = {REASON: "its label disagrees with out-of-sample predictions (confident learning)"}
 
     def __init__(self, *, features: str = "auto", classifier: str | Any = "sgd", C: float | None = None,
                  folds: int = 5, seed: int = 0, method: str = "cleanlab",
@@ -118,11 +120,9 @@ class NoiseStage(Stage):
                  relabel_min_confidence: float = 0.5, min_rows_per_class: int = 5,
                  max_flagged: int | float | None = None, rounds: int = 1, label_column: str = "label",
                  text: str = "prompt", embedding_column: str | None = None, embedding_weight: float = 1.0,
-                 model: str | None = None, batch_size: int = 64, threads: int | None = None) -> None:
-        P.check_model(features, classifier, C, folds, seed)
-        P.check_rule(method, filter_by, threshold, rank_by, rounds, max_flagged, min_rows_per_class)
-        P.check_inputs(probabilities, inputs, temperature, classes, rounds)
-        P.check_output(action, relabel_min_confidence, label_column, text, embedding_column, embedding_weight)
+                 model: str | None = None, batch_size: int = 64, threads: int | None = None,
+                 backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None) -> None:
+        P.check_together(method, threshold, probabilities, inputs, temperature, rounds)
         self.features = features
         self.classifier = classifier
         self.C = None if C is None else float(C)
@@ -146,17 +146,14 @@ class NoiseStage(Stage):
         self.text = text
         self.embedding_column = embedding_column if embedding_column is not None else f"{text}_embedding"
         self.embedding_weight = float(embedding_weight)
-        try:
-            self.embedder = Embedder(model, batch_size=batch_size, threads=threads)
-        except ValueError as exc:
-            raise StageConfigError(str(exc)) from None  # the Embedder's message names the parameter
+        self.embedder = stage_embedder(model, batch_size=batch_size, threads=threads, device="cpu", backend=backend,
+                                       max_seq_length=max_seq_length)
         self.fitted = False
         self.features_used: str | None = None if features == "auto" else features
         self.auto_choice: dict[str, Any] = {}
         self.round_log: list[dict[str, Any]] = []
         self.budget_log: dict[str, Any] = {}
         self._probs: np.ndarray | None = None
-        self.stats = NoiseStats()
         self.report: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -215,60 +212,6 @@ class NoiseStage(Stage):
             summary.embeddings = embeddings_for(sub, self.embedding_column, texts, self.embedder)
         return summary
 
-    def _class_list(self, labels: list[str], k_probs: int | None) -> list[str]:
-        if self.classes is not None:
-            missing = sorted(set(labels) - set(self.classes))
-            if missing:
-                raise ValueError(f"noise stage: labels {missing[:5]} are not in classes")
-            classes = list(self.classes)
-        else:
-            classes = sorted(set(labels))
-        if k_probs is not None and k_probs != len(classes):
-            raise ValueError(f"noise stage: probabilities have {k_probs} columns but there are {len(classes)} "
-                             "classes; pass classes=[...] in probability-column order")
-        return classes
-
-    def _gather_probs(self, summaries: Sequence[NoiseSummary]) -> np.ndarray | None:
-        if self._probs_column is not None:
-            parts = [s.probs for s in summaries if s.probs is not None and len(s.probs)]
-            return to_probabilities(np.concatenate(parts), self.inputs, self.temperature) if parts else None
-        if not self._probs_file:
-            return None
-        table = np.load(self.probabilities)
-        total = sum(s.n_rows for s in summaries)
-        if table.ndim != 2 or table.shape[0] != total:
-            raise ValueError(f"noise stage: probabilities file has shape {table.shape}, expected "
-                             f"({total}, n_classes): one row per input row, in input order")
-        offsets = np.cumsum([0] + [s.n_rows for s in summaries[:-1]]) if summaries else []
-        rows = [s.positions + off for s, off in zip(summaries, offsets, strict=True)]
-        return to_probabilities(table[np.concatenate(rows)] if rows else table[:0], self.inputs, self.temperature)
-
-    def _embeddings(self, summaries: Sequence[NoiseSummary]) -> np.ndarray:
-        """All labelled rows' embeddings; ``auto`` batches that skipped them are embedded here."""
-        parts = [s.embeddings if s.embeddings is not None else self.embedder.encode(s.texts or [])
-                 for s in summaries if s.ids]
-        return np.concatenate(parts) if parts else np.zeros((0, self.embedder.dimension), np.float32)
-
-    def feature_views(self, summaries: Sequence[NoiseSummary]) -> tuple[str, dict[str, Any]]:
-        """(kind, matrices) for the classifiers; resolves ``features: auto`` from the texts' lengths."""
-        kind = self.features
-        if kind == "auto":
-            kind, self.auto_choice = choose_features([word_count(t) for s in summaries for t in (s.texts or [])])
-        self.features_used = kind
-        tfidf = (tfidf_features([t for s in summaries for t in (s.texts or [])])
-                 if kind in ("tfidf", "both", "ensemble") else None)
-        emb = self._embeddings(summaries) if kind in ("embedding", "both", "ensemble") else None
-        if kind == "ensemble":
-            return kind, {"embedding": np.ascontiguousarray(emb, dtype=np.float32), "tfidf": tfidf}
-        return kind, {"X": combine(tfidf, emb, embedding_weight=self.embedding_weight)}
-
-    def out_of_sample_probs(self, summaries: Sequence[NoiseSummary], y: np.ndarray, k: int) -> np.ndarray:
-        """Features from the summaries, then cross-validated probabilities."""
-        kind, views = self.feature_views(summaries)
-        self.chosen_C, probs = views_mod.first_probs(kind, views, y, k, C=self.C, folds=self.folds,
-                                                     seed=self.seed, classifier=self.classifier)
-        return probs
-
     def _estimate(self, y: np.ndarray, probs: np.ndarray) -> NoiseEstimate:
         return estimate(y, probs, method=self.method, filter_by=self.filter_by, threshold=self.threshold,
                         rank_by=self.rank_by, min_rows_per_class=self.min_rows_per_class)
@@ -279,15 +222,16 @@ class NoiseStage(Stage):
         labels = [lab for s in summaries for lab in s.labels]
         if len(set(ids)) != len(ids):
             raise ValueError("noise stage: row ids are not unique; cannot look rows up in apply")
-        probs = self._gather_probs(summaries)
-        classes = self._class_list(labels, None if probs is None else probs.shape[1])
+        probs = gather_probs(summaries, self._probs_column, self.probabilities if self._probs_file else None,
+                             self.inputs, self.temperature)
+        classes = class_list(labels, self.classes, None if probs is None else probs.shape[1])
         index = {c: i for i, c in enumerate(classes)}
         y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
         k = len(classes)
         kind, views = "", {}
         if probs is None:
             if len(y):
-                kind, views = self.feature_views(summaries)
+                kind, views = views_mod.feature_views(self, summaries)
                 self.chosen_C, probs = views_mod.first_probs(kind, views, y, k, C=self.C, folds=self.folds,
                                                              seed=self.seed, classifier=self.classifier)
             else:
@@ -303,11 +247,7 @@ class NoiseStage(Stage):
             probs, est, self.round_log = run_rounds(y, probs, est, refit, lambda p: self._estimate(y, p),
                                                     rounds=self.rounds)
         if self.max_flagged is not None:
-            budget = budget_count(self.max_flagged, len(y))
-            limited = limit_flags(est.is_issue, est.quality, budget)
-            self.budget_log = {"max_flagged": self.max_flagged, "allowed": budget,
-                               "issues_before": int(est.is_issue.sum()), "issues_after": int(limited.sum())}
-            est = dataclasses.replace(est, is_issue=limited)
+            est, self.budget_log = within_budget(est, self.max_flagged)
         relabel = est.is_issue & (est.suggested != y) & (est.suggested_prob >= self.relabel_min_confidence)
         self._classes = classes
         self._ids = pa.array(ids, pa.string())
@@ -350,13 +290,15 @@ class NoiseStage(Stage):
         out = set_column(out, "suggested_label", suggested)
         out = set_column(out, "is_label_issue", issue)
         issue_np = pc.fill_null(issue, False).to_numpy(zero_copy_only=False).astype(bool)
-        stats = NoiseStats(rows_in=n, labelled=int(pc.sum(pc.is_valid(pos)).as_py() or 0), issues=int(issue_np.sum()))
+        stats = Tally(counts=Counter(rows_in=n, labelled=int(pc.sum(pc.is_valid(pos)).as_py() or 0),
+                                     issues=int(issue_np.sum())))
         if self.action == "relabel":
             change = pc.fill_null(self._relabel.take(pos), False)
             out = set_column(out, self.label_column, pc.if_else(change, suggested, labels))
             out = set_column(out, "original_label", pc.if_else(change, labels, pa.scalar(None, pa.string())))
-            stats.relabelled = int(pc.sum(change).as_py() or 0)
-        stats.examples = self._examples(batch, issue_np, pos)
+            stats.add("relabelled", int(pc.sum(change).as_py() or 0))
+        examples = report.worst_examples(self, batch, issue_np, pos, TEXTS[self.text], MAX_EXAMPLES, EXAMPLE_CHARS)
+        stats.keep("examples", examples, MAX_EXAMPLES, rank=("quality", "id"))
         if self.action == "drop" and issue_np.any():
             picked = np.flatnonzero(issue_np)
             q = quality.to_numpy(zero_copy_only=False)[picked]
@@ -367,33 +309,10 @@ class NoiseStage(Stage):
             details = [f"given label {g!r} has label quality {qq:.4f} ({self.rank_by}); model suggests {s!r} "
                        f"(p={p:.3f}); flagged by {rule}" for g, qq, s, p in zip(given, q, sug, prob, strict=True)]
             rejected = reject_rows(out, issue_np, self.name, REASON, details)
-            stats.dropped = len(picked)
+            stats.add("dropped", len(picked))
             return Outcome(kept=out.filter(pa.array(~issue_np)), rejected=rejected, stats=stats)
         return Outcome(kept=out, stats=stats)
 
-    def _examples(self, batch: pa.Table, issue: np.ndarray, pos: pa.Array) -> list[dict[str, Any]]:
-        """The batch's worst flagged rows (lowest quality first), with their text."""
-        picked = np.flatnonzero(issue)
-        if picked.size == 0:
-            return []
-        idx = pos.to_numpy(zero_copy_only=False)[picked].astype(np.int64)
-        q = self._quality.to_numpy()[idx]
-        order = np.lexsort((idx, q))[:MAX_EXAMPLES]
-        rows = picked[order]
-        texts = TEXTS[self.text](batch.take(pa.array(rows, pa.int64())))
-        out = []
-        for r, i, t in zip(rows, idx[order], texts, strict=True):
-            out.append({"id": batch.column("id")[int(r)].as_py(), "label": self._given[int(i)].as_py(),
-                        "text": t[:EXAMPLE_CHARS] + ("…" if len(t) > EXAMPLE_CHARS else ""),
-                        "quality": float(self._quality[int(i)].as_py()),
-                        "note": f"suggested {self._suggested[int(i)].as_py()!r} "
-                                f"(p={self._suggested_prob[int(i)]:.3f}); label quality "
-                                f"{self._quality[int(i)].as_py():.4f}"})
-        return out
-
-    # -- absorb / describe ------------------------------------------------------------
-    def absorb(self, stats: Sequence[NoiseStats]) -> None:
-        self.stats = merge_stats(stats, MAX_EXAMPLES)
-
+    # -- describe ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         return report.describe(self)

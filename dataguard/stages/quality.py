@@ -2,7 +2,7 @@
 
 Prompt side = system + user + tool turns, response side = assistant turns (joined with
 newlines, as in ``dataguard.records``). ``score`` adds, per side, float32 columns
-``{side}_{score}`` (see ``dataguard.text.quality_scores`` for the exact definitions);
+``{side}_{score}`` (see ``dataguard.text.repetition_kernel`` for the exact definitions);
 ``apply`` rejects a row at its first failing rule (reason code below) and lists every
 failure in ``detail``. Each threshold can be set to ``None`` to disable its rule.
 
@@ -38,36 +38,40 @@ that alone runs out of memory: its score columns are null and the row is rejecte
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from dataguard.records import flat_messages, reject_rows
+from dataguard.params import FLAG, Interval, ListOf, MapOf, Options, Satisfies
+from dataguard.records import reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.quality_report import describe_quality
+from dataguard.stages.quality_rules import (
+    DUP_DEFAULT,
+    HIST_EDGES,
+    HIST_SCORES,
+    MAX_EXAMPLES,
+    MAX_TEXT_BYTES_DEFAULT,
+    REASONS,
+    SIDES,
+    SNIPPET,
+    TOO_LONG,
+    TOP_DEFAULT,
+)
+from dataguard.tally import Tally
+from dataguard.text.message_pieces import message_pieces, side_bytes, side_texts
 from dataguard.text.repetition_kernel import (
     MAX_NGRAM,
     MAX_REP_LEN,
     MAX_TEXT_BYTES,
     ScoreSpec,
-    join_segments,
+    TextScorer,
     score_segments,
     score_strings,
 )
-
-SIDES = {"prompt": ("system", "user", "tool"), "response": ("assistant",)}
-TOP_DEFAULT = {2: 0.20, 3: 0.18, 4: 0.16}
-DUP_DEFAULT = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
-MAX_EXAMPLES = 20
-SNIPPET = 240
-HIST_EDGES = np.linspace(0.0, 1.0, 21)
-HIST_SCORES = ("char_repeat_ratio", "url_char_ratio", "char_rep_ratio", "word_rep_ratio", "dup_line_frac",
-               "top2_gram_char_frac", "dup5_gram_char_frac")
-MAX_TEXT_BYTES_DEFAULT = 8 << 20  # the readers' record-size limit: any side of a record that was read fits
-TOO_LONG = "text_too_long"
 
 
 def _is_int(v: object) -> bool:
@@ -83,74 +87,28 @@ def _ngram_size(k: object) -> int | None:
     return None
 
 
-def _side_bytes(batch: pa.Table, roles: Sequence[str]) -> np.ndarray:
-    """UTF-8 bytes of each row's side text (the non-empty contents of these roles joined by
-    newlines), without building the text."""
-    pieces = _message_pieces(batch)
-    if pieces is None:
-        return np.zeros(0, dtype=np.int64)
-    content, segments, groups = pieces.side(roles)
-    lengths = pc.binary_length(content).to_numpy(zero_copy_only=False).astype(np.int64)
-    cs = np.concatenate([[0], np.cumsum(lengths[segments])])
-    return cs[groups[1:]] - cs[groups[:-1]] + np.maximum(np.diff(groups) - 1, 0)
-
-
-def side_texts(batch: pa.Table, roles: Sequence[str]) -> pa.Array:
-    """Contents of the given roles joined by newlines, one string per row (Arrow, no Python loop)."""
-    pieces = _message_pieces(batch)
-    if pieces is None:
-        return pa.array([], pa.string())
-    return join_segments(*pieces.side(roles))
-
-
-@dataclass
-class _Pieces:
-    """The message contents of a batch, with each message's row and role."""
-
-    content: pa.Array
-    row_of: np.ndarray
-    role_code: np.ndarray
-    role_names: list[str]
-    nonempty: np.ndarray
-    n_rows: int
-
-    def side(self, roles: Sequence[str]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
-        """(content, segments, groups) of one side: the non-empty contents of these roles."""
-        wanted = np.array([r in roles for r in self.role_names] + [False], dtype=bool)
-        keep = wanted[self.role_code] & self.nonempty
-        segments = np.flatnonzero(keep)
-        counts = np.bincount(self.row_of[segments], minlength=self.n_rows)
-        groups = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return self.content, segments, groups
-
-
-def _message_pieces(batch: pa.Table) -> _Pieces | None:
-    n = batch.num_rows
-    if n == 0:
-        return None
-    lengths, flat = flat_messages(batch)
-    content = flat.field("content")
-    coded = pc.fill_null(flat.field("role"), "").dictionary_encode()
-    names = coded.dictionary.to_pylist()
-    role_code = coded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    nonempty = pc.fill_null(pc.greater(pc.binary_length(content), 0), False).to_numpy(zero_copy_only=False)
-    return _Pieces(content, np.repeat(np.arange(n, dtype=np.int64), lengths), role_code, names, nonempty, n)
-
-
-@dataclass
-class QualityStats:
-    rows_in: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
-    failures: dict[str, int] = field(default_factory=dict)  # every failing rule, not only the first
-    hists: dict[str, list[int]] = field(default_factory=dict)
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-
 class QualityStage(Stage):
     """Repetition and URL filter (see module docstring for rules, defaults and sources)."""
 
     name = "quality"
     needs_fit = False
+    constraints = {
+        "sides": [ListOf(Options(*SIDES), min_len=1, unique=True)],
+        **{name: [Interval(float, 0, 1), None] for name in (
+            "char_repeat_threshold", "url_ratio_threshold", "special_char_max", "char_rep_max", "word_rep_max",
+            "dup_line_frac_max", "dup_line_char_frac_max")},
+        "ignore_whitespace_repeats": FLAG,
+        "url_count_threshold": [Interval(int, 1), None],
+        "char_rep_len": [Interval(int, 1, MAX_REP_LEN)],
+        "word_rep_len": [Interval(int, 1, MAX_REP_LEN)],
+        "top_ngram_max": [MapOf(Satisfies(lambda k: _ngram_size(k) is not None, "an n-gram size"),
+                                Interval(float, 0, 1)), None],
+        "dup_ngram_max": [MapOf(Satisfies(lambda k: _ngram_size(k) is not None, "an n-gram size"),
+                                Interval(float, 0, 1)), None],
+        "gopher_min_words": [Interval(int, 0)],
+        "max_text_bytes": [Interval(int, 1, MAX_TEXT_BYTES)],
+    }
+    reasons = REASONS
 
     def __init__(self, *, sides: Sequence[str] = ("prompt", "response"),
                  char_repeat_threshold: float | None = 0.3, ignore_whitespace_repeats: bool = True,
@@ -163,26 +121,6 @@ class QualityStage(Stage):
                  dup_ngram_max: Mapping[int, float] | None = None,
                  gopher_min_words: int = 50, max_text_bytes: int = MAX_TEXT_BYTES_DEFAULT) -> None:
         sides = tuple(sides)
-        if not sides or any(s not in SIDES for s in sides) or len(set(sides)) != len(sides):
-            raise StageConfigError(f"sides must be a non-empty subset of {tuple(SIDES)}, got {sides!r}")
-        for pname, v in (("char_repeat_threshold", char_repeat_threshold), ("url_ratio_threshold", url_ratio_threshold),
-                         ("special_char_max", special_char_max),
-                         ("char_rep_max", char_rep_max), ("word_rep_max", word_rep_max),
-                         ("dup_line_frac_max", dup_line_frac_max), ("dup_line_char_frac_max", dup_line_char_frac_max)):
-            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
-                raise StageConfigError(f"{pname} must be a number in [0, 1] or null, got {v!r}")
-        if url_count_threshold is not None and not (isinstance(url_count_threshold, int)
-                                                    and not isinstance(url_count_threshold, bool)
-                                                    and url_count_threshold >= 1):
-            raise StageConfigError(f"url_count_threshold must be an integer >= 1 or null, got {url_count_threshold!r}")
-        for pname, v, hi in (("char_rep_len", char_rep_len, MAX_REP_LEN), ("word_rep_len", word_rep_len, MAX_REP_LEN),
-                             ("max_text_bytes", max_text_bytes, MAX_TEXT_BYTES)):
-            if not (_is_int(v) and 1 <= v <= hi):
-                raise StageConfigError(f"{pname} must be an integer between 1 and {hi}, got {v!r}")
-        if not (_is_int(gopher_min_words) and gopher_min_words >= 0):
-            raise StageConfigError(f"gopher_min_words must be a non-negative integer, got {gopher_min_words!r}")
-        if not isinstance(ignore_whitespace_repeats, bool):
-            raise StageConfigError(f"ignore_whitespace_repeats must be true or false, got {ignore_whitespace_repeats!r}")
         self.sides = sides
         self.char_repeat_threshold = char_repeat_threshold
         self.ignore_whitespace_repeats = ignore_whitespace_repeats
@@ -199,26 +137,20 @@ class QualityStage(Stage):
         self.dup_ngram_max = self._ngram_map("dup_ngram_max", dup_ngram_max, DUP_DEFAULT, 2)
         self.gopher_min_words = gopher_min_words
         self.max_text_bytes = max_text_bytes
-        self.stats = QualityStats()
 
     @staticmethod
     def _ngram_map(pname: str, value: Mapping[Any, Any] | None, default: dict[int, float],
                    min_n: int) -> dict[int, float]:
         if value is None:
             return dict(default)
-        if not isinstance(value, Mapping):
-            raise StageConfigError(f"{pname} must be a mapping n -> max fraction, got {value!r}")
         out: dict[int, float] = {}
         for k, v in value.items():
             n = _ngram_size(k)
-            if n is None:
-                raise StageConfigError(f"{pname}: n-gram size {k!r} is not an integer")
-            if n < min_n or n > MAX_NGRAM:
-                raise StageConfigError(f"{pname}: n-gram size {n} must be between {min_n} and {MAX_NGRAM}")
+            if n is None or n < min_n or n > MAX_NGRAM:
+                raise StageConfigError(f"{pname}: n-gram size {k!r} must be between {min_n} and {MAX_NGRAM}",
+                                       param=pname)
             if n in out:
-                raise StageConfigError(f"{pname}: n-gram size {n} is given twice")
-            if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
-                raise StageConfigError(f"{pname}: threshold for n={n} must be in [0, 1], got {v!r}")
+                raise StageConfigError(f"{pname}: n-gram size {n} is given twice", param=pname)
             out[n] = float(v)
         return dict(sorted(out.items()))
 
@@ -243,14 +175,14 @@ class QualityStage(Stage):
                          word_rep_len=self.word_rep_len, top_ns=tuple(self.top_ngram_max),
                          dup_ns=tuple(self.dup_ngram_max))
 
-    def side_scores(self, texts: pa.Array | Sequence[str], use_kernel: bool | None = None) -> dict[str, np.ndarray]:
-        """Every score of one side's texts (compiled kernel when built, else the NumPy reference);
-        NaN for texts over ``max_text_bytes``."""
-        return score_strings(texts, self.score_spec, use_kernel=use_kernel, max_text_bytes=self.max_text_bytes)
+    def side_scores(self, texts: pa.Array | Sequence[str], scorer: TextScorer | None = None) -> dict[str, np.ndarray]:
+        """Every score of one side's texts (by the compiled kernel, or ``scorer``: the tests'
+        reference); NaN for texts over ``max_text_bytes``."""
+        return score_strings(texts, self.score_spec, max_text_bytes=self.max_text_bytes, scorer=scorer)
 
     def score(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows
-        pieces = _message_pieces(batch)
+        pieces = message_pieces(batch)
         if pieces is None:
             scores = self.side_scores(pa.array([], pa.string()))
             per_side = dict.fromkeys(self.sides, scores)
@@ -311,7 +243,8 @@ class QualityStage(Stage):
         n = batch.num_rows
         first_reason: list[str | None] = [None] * n
         details: list[list[str]] = [[] for _ in range(n)]
-        stats = QualityStats(rows_in=n)
+        # counters: "rejected" (by first failing rule), "failures" (every failing rule)
+        stats = Tally(counts=Counter(rows_in=n))
         self._reject_unscored(batch, first_reason, details, stats)
         for side in self.sides:
             words = batch.column(f"{side}_gopher_words").to_numpy(zero_copy_only=False)
@@ -321,37 +254,38 @@ class QualityStage(Stage):
                 fail = (vals >= thr) if op == ">=" else (vals > thr)
                 if gated:
                     fail &= gate
-                for i in np.flatnonzero(fail).tolist():
+                failing = np.flatnonzero(fail).tolist()
+                stats.count("failures", {reason: len(failing)})
+                for i in failing:
                     v = vals[i]
                     shown = f"{int(v)}" if score == "url_count" else f"{float(v):.3f}"
                     details[i].append(f"{side} {score}={shown} {op} {thr:g}")
-                    stats.failures[reason] = stats.failures.get(reason, 0) + 1
                     if first_reason[i] is None:
                         first_reason[i] = reason
             for name in HIST_SCORES:
                 col = f"{side}_{name}"
                 if col in batch.column_names:
                     h, _ = np.histogram(np.clip(batch.column(col).to_numpy(zero_copy_only=False), 0, 1), HIST_EDGES)
-                    stats.hists[col] = h.astype(np.int64).tolist()
+                    stats.hist(col, h.astype(np.int64))
         mask = np.array([r is not None for r in first_reason], dtype=bool)
         idx = np.flatnonzero(mask).tolist()
         rejected = reject_rows(batch, mask, self.name, [first_reason[i] for i in idx],
                                ["; ".join(details[i]) for i in idx])
-        for i in idx:
-            r = first_reason[i]
-            stats.rejected[r] = stats.rejected.get(r, 0) + 1  # type: ignore[index]
+        stats.count("rejected", (first_reason[i] for i in idx))
         if idx:
             texts = {side: side_texts(batch.take(idx[:MAX_EXAMPLES]), SIDES[side]).to_pylist() for side in self.sides}
             ids = batch.column("id").take(idx[:MAX_EXAMPLES]).to_pylist()
+            examples = []
             for j, i in enumerate(idx[:MAX_EXAMPLES]):
                 side = details[i][0].split(" ", 1)[0]
-                stats.examples.append({"id": ids[j], "label": first_reason[i],
-                                       "text": (texts.get(side) or [""] * len(ids))[j][:SNIPPET],
-                                       "note": "; ".join(details[i])})
+                examples.append({"id": ids[j], "label": first_reason[i],
+                                 "text": (texts.get(side) or [""] * len(ids))[j][:SNIPPET],
+                                 "note": "; ".join(details[i])})
+            stats.keep("examples", examples, MAX_EXAMPLES)
         return Outcome(kept=batch.filter(pa.array(~mask)), rejected=rejected, stats=stats)
 
     def _reject_unscored(self, batch: pa.Table, first_reason: list[str | None], details: list[list[str]],
-                         stats: QualityStats) -> None:
+                         stats: Tally) -> None:
         """Rows with a side that was not scored (null scores: too long, or out of memory) fail
         first, as ``text_too_long``; the rules cannot judge them."""
         for side in self.sides:
@@ -359,55 +293,15 @@ class QualityStage(Stage):
             rows = np.flatnonzero(unscored).tolist()
             if not rows:
                 continue
-            sizes = _side_bytes(batch.take(rows), SIDES[side])
+            sizes = side_bytes(batch.take(rows), SIDES[side])
             for i, size in zip(rows, sizes.tolist(), strict=True):
                 why = (f"{size} bytes > max_text_bytes {self.max_text_bytes}" if size > self.max_text_bytes
                        else f"{size} bytes, out of memory")
                 details[i].append(f"{side} text not scored: {why}")
-                stats.failures[TOO_LONG] = stats.failures.get(TOO_LONG, 0) + 1
+                stats.count("failures", (TOO_LONG,))
                 if first_reason[i] is None:
                     first_reason[i] = TOO_LONG
 
     # -- report ----------------------------------------------------------------------------
-    def absorb(self, stats: Sequence[Any]) -> None:
-        total = QualityStats()
-        for s in stats:
-            if s is None:
-                continue
-            total.rows_in += s.rows_in
-            for k, v in s.rejected.items():
-                total.rejected[k] = total.rejected.get(k, 0) + v
-            for k, v in s.failures.items():
-                total.failures[k] = total.failures.get(k, 0) + v
-            for k, v in s.hists.items():
-                total.hists[k] = [a + b for a, b in zip(total.hists.get(k, [0] * len(v)), v, strict=True)]
-            total.examples.extend(s.examples[: max(0, MAX_EXAMPLES - len(total.examples))])
-        self.stats = total
-
     def describe(self) -> dict[str, Any]:
-        st = self.stats
-        reasons = [r for r, *_ in self._rules()]
-        if st.failures.get(TOO_LONG):
-            reasons.insert(0, TOO_LONG)  # only when it happened: ordinary reports stay the same
-        reasons = list(dict.fromkeys(reasons))
-        summary: dict[str, Any] = {"rows_in": st.rows_in, "rows_rejected": sum(st.rejected.values()),
-                                   "gopher_min_words": self.gopher_min_words, "sides": ",".join(self.sides)}
-        summary.update({f"rejected_{r}": st.rejected.get(r, 0) for r in reasons})
-        blocks: list[dict[str, Any]] = [
-            {"type": "bar", "title": "Rows rejected by reason (first failing rule) and rule failures",
-             "labels": reasons,
-             "series": {"rejected": [st.rejected.get(r, 0) for r in reasons],
-                        "failures": [st.failures.get(r, 0) for r in reasons]}},
-            {"type": "table", "title": "Rules", "columns": ["reason", "score", "reject if", "threshold"],
-             "rows": [[r, s, op, t] for r, s, t, op, _ in self._rules()]},
-        ]
-        rule_thr = {score: thr for _, score, thr, _, _ in self._rules()}
-        for name in HIST_SCORES:
-            series = {side: st.hists[f"{side}_{name}"] for side in self.sides if f"{side}_{name}" in st.hists}
-            if series:
-                blocks.append({"type": "histogram", "title": name.replace("_", " "), "edges": HIST_EDGES.round(2).tolist(),
-                               "series": series, "x_label": name,
-                               "markers": ([{"label": "threshold", "value": rule_thr[name]}] if name in rule_thr else [])})
-        if st.examples:
-            blocks.append({"type": "examples", "title": "Rejected rows (first 20)", "items": st.examples})
-        return {"title": "Repetition / URL quality filter", "summary": summary, "blocks": blocks}
+        return describe_quality(self)

@@ -3,9 +3,11 @@ embedding cosine similarity.
 
 ``summarize`` (row-local, in workers) embeds each row's prompt side (``scope="user"``,
 default: the user turns, the text the consistency stage embeds as ``prompt_embedding``; its
-kept vectors are reused when that column is in the batch and came from the same model;
+kept vectors are reused when that column is in the batch and came from the same model,
+backend and length;
 ``scope="prompt"``: system + user + tool turns; ``scope="messages"``: every turn) with the
-shared `Embedder` (all-MiniLM-L6-v2 by default, unit vectors, float32).
+shared `Embedder` (all-MiniLM-L6-v2 by default, unit vectors, float32; ``backend`` and
+``max_seq_length`` as in `dataguard.embed`, default ``onnx-int8``).
 
 ``fit`` (the driver) finds pairs with cosine >= ``threshold`` among each row's ``top_k``
 nearest rows: exactly, in blocks of matrix products, when there are at most
@@ -52,6 +54,7 @@ above 0.95.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,28 +64,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts
-from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
+from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
+from dataguard.params import EMBEDDER, FLAG, SEED, SOURCES, Interval, Options
+from dataguard.records import PROMPT_ROLES, ROLES, message_texts
+from dataguard.stage import Outcome, Stage, drop_or_keep
 from dataguard.stages.near_dedup import (
     KEEPS,
     MAX_EXAMPLES,
-    check_sources,
     cluster_columns,
     example_snippets,
-    int_param,
     is_validation,
-    merge_stats,
+    source_names,
 )
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.stats.neighbours import exact_pairs, partitioned_pairs
-from dataguard.text.embeddings import Embedder, embeddings_for
+from dataguard.tally import Tally
 from dataguard.text.templates import strip_template
 
 ACTIONS = ("flag", "drop")
-SCOPE_ROLES = {"user": ("user",), "prompt": ("system", "user", "tool"),
-               "messages": ("system", "user", "assistant", "tool")}
+SCOPE_ROLES = {"user": ("user",), "prompt": PROMPT_ROLES, "messages": ROLES}
 PROMPT_COLUMN = "prompt_embedding"  # written by the consistency stage (user turns)
 PARTITION_ROWS = 5000
+REASON = "semantic_duplicate"
 
 
 @dataclass
@@ -101,31 +104,35 @@ class SemanticDedupStage(Stage):
 
     name = "semantic_dedup"
     needs_fit = True
+    constraints = {
+        "threshold": [Interval(float, -1, 1)],
+        "scope": [Options(*SCOPE_ROLES)],
+        "action": [Options(*ACTIONS)],
+        "keep": [Options(*KEEPS)],
+        "top_k": [Interval(int, 1, 1000)],
+        "exact_max_rows": [Interval(int, 2)],
+        "partitions": [Interval(int, 1), None],
+        "strip_templates": FLAG,
+        "validation_sources": SOURCES,
+        "seed": SEED,
+        **EMBEDDER,
+    }
+    reasons = {REASON: "its prompt embedding is a near copy (cosine >= threshold) of a kept row's"}
 
     def __init__(self, *, threshold: float = 0.9, scope: str = "user", action: str = "flag", keep: str = "first",
                  top_k: int = 10, exact_max_rows: int = 50_000, partitions: int | None = None,
                  strip_templates: bool = True, validation_sources: Sequence[str] = (), seed: int = 0,
                  model: str | Path | None = None,
-                 batch_size: int = 64, threads: int | None = None, device: str = "cpu") -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not -1.0 <= threshold <= 1.0:
-            raise StageConfigError(f"threshold must be a cosine in [-1, 1], got {threshold!r}", param="threshold")
-        for pname, val, allowed in (("scope", scope, tuple(SCOPE_ROLES)), ("action", action, ACTIONS),
-                                    ("keep", keep, KEEPS)):
-            if val not in allowed:
-                raise StageConfigError(f"{pname} must be one of {allowed}, got {val!r}", param=pname)
-        self.top_k = int_param("top_k", top_k, 1, 1000)
-        self.exact_max_rows = int_param("exact_max_rows", exact_max_rows, 2)
-        self.partitions = None if partitions is None else int_param("partitions", partitions, 1)
-        self.seed = int_param("seed", seed, 0)
-        if not isinstance(strip_templates, bool):
-            raise StageConfigError(f"strip_templates must be true or false, got {strip_templates!r}",
-                                   param="strip_templates")
+                 batch_size: int = 64, threads: int | None = None, device: str = "cpu",
+                 backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None) -> None:
+        self.top_k = top_k
+        self.exact_max_rows = exact_max_rows
+        self.partitions = partitions
+        self.seed = seed
         self.strip_templates = strip_templates
-        self.validation_sources = check_sources(validation_sources)
-        try:
-            self.embedder = Embedder(model, batch_size=batch_size, threads=threads, device=device)
-        except ValueError as exc:  # its messages start with the parameter's name
-            raise StageConfigError(str(exc), param=str(exc).split(" ", 1)[0].rstrip(":")) from exc
+        self.validation_sources = source_names(validation_sources)
+        self.embedder = stage_embedder(model, batch_size=batch_size, threads=threads, device=device, backend=backend,
+                                       max_seq_length=max_seq_length)
         self.threshold = float(threshold)
         self.scope = scope
         self.action = action
@@ -134,7 +141,6 @@ class SemanticDedupStage(Stage):
         self._example_ids: dict[str, int] = {}
         self._fitted = False
         self._fit_stats: dict[str, Any] = {}
-        self._stats: dict[str, Any] = {"rows": 0, "semantic_duplicates": 0, "snippets": {}}
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"semantic_dup_cluster": pa.int64(), "semantic_dup_of": pa.string(),
@@ -211,23 +217,20 @@ class SemanticDedupStage(Stage):
             raise RuntimeError("SemanticDedupStage.apply called before fit")
         out, got, dup = cluster_columns(batch, self._decision, "semantic_dup", "cosine")
         snippets = example_snippets(batch, self._example_ids, SCOPE_ROLES[self.scope])
-        stats = {"rows": batch.num_rows, "semantic_duplicates": int(dup.sum()), "snippets": snippets}
-        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason="semantic_duplicate", stats=stats,
+        stats = Tally(counts=Counter(rows=batch.num_rows, semantic_duplicates=int(dup.sum())), lookup={"snippets": snippets})
+        return drop_or_keep(out, dup, action=self.action, stage=self.name, reason=REASON, stats=stats,
                             details=lambda: [f"semantic duplicate of {got[p][1]} (cosine {got[p][2]:.3f} of "
                                              f"{self.scope} text, {self.embedder.model_id}; cluster {got[p][0]})"
                                              for p in np.flatnonzero(dup).tolist()])
 
-    def absorb(self, stats: Sequence[Any]) -> None:
-        merge_stats(self._stats, stats, "semantic_duplicates")
-
     def describe(self) -> dict[str, Any]:
-        f, s = self._fit_stats, self._stats
-        snip = s["snippets"]
+        f, t = self._fit_stats, self.tally
+        snip = t.lookup.get("snippets", {})
         items = [{"id": i, "label": f"cosine {c:.3f}", "text": snip.get(i, ""), "reference": snip.get(k, ""),
                   "reference_id": k, "note": f"kept: {k}"} for i, k, c in f.get("examples", [])]
         blocks = [{"type": "examples", "title": "Semantic duplicates (flagged row vs kept row)", "items": items}] \
             if items else []
-        summary = {"rows": s["rows"], "semantic_duplicates": s["semantic_duplicates"],
+        summary = {"rows": t.get("rows"), "semantic_duplicates": t.get("semantic_duplicates"),
                    "clusters": f.get("clusters", 0), "rows_in_clusters": f.get("rows_in_clusters", 0),
                    "largest_cluster": f.get("largest_cluster", 0), "pairs": f.get("pairs", 0),
                    "rows_without_text": f.get("rows_without_text", 0), "method": f.get("method"),

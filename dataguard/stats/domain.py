@@ -12,30 +12,33 @@ from collections.abc import Sequence
 import numpy as np
 
 # Several drift stages against the same reference embed the same sample; a bounded
-# per-process cache avoids recomputing it (cleared wholesale when full).
-_CACHE: dict[str, np.ndarray] = {}
+# per-process cache avoids recomputing it (cleared wholesale when full). Keyed by the
+# embedder's setup (backend, length) as well as the text.
+_CACHE: dict[tuple[str, str], np.ndarray] = {}
 _CACHE_MAX = 50_000
 
 
-def embed_texts(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+def embed_texts(texts: Sequence[str], batch_size: int = 64, *, backend: str | None = None,
+                max_seq_length: int | None = None) -> np.ndarray:
     """L2-normalised sentence embeddings (n, dim), float32, from the shared Embedder.
 
-    Uses ``dataguard.text.embeddings.Embedder`` (offline MiniLM by default, one model load
-    per process shared with the other stages). Texts are embedded in sorted order, so the
-    result does not depend on batch composition.
+    Uses ``dataguard.embed.Embedder`` (offline MiniLM by default on the default backend,
+    one model load per process shared with the other stages). Texts are embedded in sorted
+    order, so the result does not depend on batch composition.
     """
-    from dataguard.text.embeddings import Embedder
+    from dataguard.embed import DEFAULT_BACKEND, Embedder
 
-    embedder = Embedder(batch_size=batch_size)
-    todo = sorted({t for t in texts if t not in _CACHE})
+    embedder = Embedder(batch_size=batch_size, backend=backend or DEFAULT_BACKEND, max_seq_length=max_seq_length)
+    setup = embedder.model_id
+    todo = sorted({t for t in texts if (setup, t) not in _CACHE})
     if todo:
         emb = embedder.encode(todo)
         if len(_CACHE) + len(todo) > _CACHE_MAX:
             _CACHE.clear()
-        _CACHE.update(zip(todo, emb, strict=True))
+        _CACHE.update(zip(((setup, t) for t in todo), emb, strict=True))
     if not texts:
         return np.zeros((0, embedder.dimension), dtype=np.float32)
-    return np.stack([_CACHE[t] for t in texts])
+    return np.stack([_CACHE[(setup, t)] for t in texts])
 
 
 def domain_classifier_auc(train: np.ndarray, reference: np.ndarray, seed: int = 0, folds: int = 5) -> float | None:

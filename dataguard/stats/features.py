@@ -14,10 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import message_texts
-
-_PROMPT_ROLES = ("system", "user", "tool")
-_RESPONSE_ROLES = ("assistant",)
+from dataguard.records import PROMPT_ROLES, RESPONSE_ROLES, message_texts
 
 
 def _chars(roles: tuple[str, ...]) -> Callable[[pa.Table], np.ndarray]:
@@ -39,10 +36,10 @@ def _n_messages(table: pa.Table) -> np.ndarray:
 
 
 DERIVED_FEATURES: dict[str, Callable[[pa.Table], np.ndarray]] = {
-    "prompt_chars": _chars(_PROMPT_ROLES),
-    "prompt_words": _words(_PROMPT_ROLES),
-    "response_chars": _chars(_RESPONSE_ROLES),
-    "response_words": _words(_RESPONSE_ROLES),
+    "prompt_chars": _chars(PROMPT_ROLES),
+    "prompt_words": _words(PROMPT_ROLES),
+    "response_chars": _chars(RESPONSE_ROLES),
+    "response_words": _words(RESPONSE_ROLES),
     "n_messages": _n_messages,
 }
 

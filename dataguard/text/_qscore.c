@@ -1,8 +1,10 @@
 /* Repetition scores for a batch of UTF-8 texts in one pass per text (the compiled kernel).
  *
- * Same definitions as dataguard/text/quality_scores.py (the NumPy reference, which the tests
- * hold this kernel to): char_repeat_ratio, special_char_ratio, data-juicer char / word
- * n-gram repetition, Gopher duplicate lines and top / duplicate word n-gram fractions.
+ * The one implementation of the repetition / URL scores (definitions: the docstring of
+ * dataguard/text/repetition_kernel.py): char_repeat_ratio, special_char_ratio, data-juicer
+ * char / word n-gram repetition, Gopher duplicate lines and top / duplicate word n-gram
+ * fractions. tests/reference_quality_scores.py is an independent NumPy implementation the
+ * tests hold it to.
  *
  * Why C: the NumPy version needs ~25 array passes and several sorts per batch; here each text
  * is decoded once into scratch buffers that stay in cache. One pass computes prefix hashes
@@ -12,7 +14,7 @@
  * compared, so a collision never merges two different n-grams. Scratch memory is ~80 bytes
  * per character of the longest text in the call plus the table (8 MiB texts: ~1 GB at
  * most, freed at the end); a failed allocation is a MemoryError.
- * URLs are found with the same rules as quality_scores.URL_RE (see count_urls).
+ * URLs are found with the rules of the regex in repetition_kernel's docstring (see count_urls).
  *
  * Hash floods: a polynomial hash mod 2**64 has known collisions (Thue-Morse blocks) and
  * crafted inputs can pile hashes into one bucket. Exact comparison keeps the scores right
@@ -20,26 +22,26 @@
  * matches (equal hash, different content) or too many probes is scored again with a keyed
  * hash mod 2**61 - 1 (random base per process), which a text cannot be built to defeat.
  *
- * Entry point: score_texts(data, starts, ends, groups, cls, special, lower, out_f, out_i,
- *                          char_rep_len, word_rep_len, ignore_ws, top_ns, dup_ns[, stats])
+ * Entry point: score_texts(data, starts, ends, groups, spec, stats=None) -> {name: bytearray}
  *   data     bytes-like UTF-8 (an Arrow string data buffer; invalid bytes decode as
  *            Python's bytes.decode("utf-8", "replace") does)
  *   starts, ends  int64[segments] byte ranges of segments in data
  *   groups   int64[n + 1]: text t is segments groups[t] .. groups[t+1]-1 joined by "\n"
  *            (one message per segment: a side of a conversation is scored without
  *            building the joined string); each text at most MAX_TEXT_BYTES
- *   cls      uint8[0x110000]  0 space, 1 word character, 2 other
- *   special  uint8[0x110000]  data-juicer "special character" flag
- *   lower    uint32[0x110000] lower-case mapping (4-byte aligned)
- *   out_f    float32[(6 + len(top_ns) + len(dup_ns)) * n], column-major (one score after
- *            another), written (4-byte aligned)
- *   out_i    int32[4 * n]: characters, Gopher words, URLs, characters inside URLs (column-major)
- *   char_rep_len, word_rep_len  1..MAX_REP_LEN
- *   top_ns, dup_ns  bytes of n-gram sizes (2..20)
+ *   spec     the parameters, read by name (repetition_kernel.ScoreSpec): char_rep_len and
+ *            word_rep_len (1..MAX_REP_LEN), ignore_whitespace, top_ns and dup_ns
+ *            (strictly increasing n-gram sizes in 2..MAX_NGRAM)
  *   stats    optional int64[3], added to: content comparisons on equal hashes, false matches
  *            among them, texts rescored with the keyed hash (for tests and benchmarks)
+ * The result maps each score's name to a new bytearray of n float32 values (char_repeat_ratio,
+ * special_char_ratio, char_rep_ratio, word_rep_ratio, dup_line_frac, dup_line_char_frac,
+ * top{k}_gram_char_frac, dup{k}_gram_char_frac, url_char_ratio) or n int32 values (chars:
+ * the characters each text decoded to, gopher_words, url_count).
  * starts/ends/groups are copied, checked and measured before the GIL is released, so a caller
  * changing them meanwhile cannot make the kernel read or write out of bounds.
+ * The character tables (class, "special" flag, lower case) are built at import from the
+ * interpreter's Unicode database; tables() shows them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -49,15 +51,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #define NCP 0x110000u
 #define CLS_SPACE 0
 #define CLS_WORD 1
+#define CLS_OTHER 2
 #define MAX_N 20
 /* Positions, counts and the characters column are 32-bit: a text must stay below 2**31. */
 #define MAX_TEXT_BYTES 0x7FFFFF00LL
 /* Window / n-gram length of the data-juicer scores (their default is 10). */
 #define MAX_REP_LEN 1000
+
+/* Character tables over all codepoints, built at import (see build_tables). */
+static uint8_t *tab_cls, *tab_special;
+static uint32_t *tab_lower;
 
 /* ---------------------------------------------------------------------------------------- */
 #define POLY 0x100000001B3ULL
@@ -883,7 +893,7 @@ static int gopher(Scratch *s, const uint32_t *cp, const uint8_t *cls, size_t n, 
     return SCORED;
 }
 
-/* URLs exactly as quality_scores.URL_RE.finditer finds them, trailing punctuation excluded:
+/* URLs exactly as URL_RE.finditer finds them (repetition_kernel's docstring), trailing punctuation excluded:
  * (scheme "://" | "www.") followed by characters other than whitespace and <>"'`. A match
  * needs "://" at most 16 characters after its start, or starts at "www.", so only the
  * letters just before such an anchor are tried as starts. */
@@ -959,14 +969,13 @@ typedef struct {
     int64_t *seg_a, *seg_b, *grp; /* copies of starts, ends, groups */
     size_t *cap;                  /* codepoints each joined text can decode to: its bytes */
     size_t nt, ncol;
-    const uint8_t *tcls, *tsp;
-    const uint32_t *tlow;
     uint32_t char_len, word_len;
     int ignore_ws, max_n;
     size_t n_top;
     uint8_t is_top[MAX_N + 1], is_dup[MAX_N + 1];
-    float *of;
-    int32_t *oi;
+    float *col[6 + 2 * MAX_N]; /* the float score columns, in the order of column_names */
+    float *url_ratio;
+    int32_t *icol[3]; /* characters, Gopher words, URLs */
 } Call;
 
 static void call_free(Call *c)
@@ -1004,8 +1013,8 @@ static void first_pass(Scratch *s, const Call *c, size_t n, float *row, int32_t 
     uint32_t prev_c = 0xFFFFFFFFu;
     /* Locals, not c->...: the byte stores below may alias c, which would force reloads. */
     const int ignore_ws = c->ignore_ws;
-    const uint8_t *tcls = c->tcls, *tsp = c->tsp;
-    const uint32_t *tlow = c->tlow;
+    const uint8_t *tcls = tab_cls, *tsp = tab_special;
+    const uint32_t *tlow = tab_lower;
     pc[0] = pl[0] = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t ch = cp[i];
@@ -1098,16 +1107,15 @@ static int score_all(const Call *c, int64_t counters[3])
     memset(&s, 0, sizeof(s));
     int failed = 0;
     for (size_t t = 0; t < c->nt && !failed; t++) {
-        /* Scores of this text, stored column-major at the end (each score is one contiguous
-         * array for Python: no copies). */
         float row[6 + 2 * MAX_N];
-        int32_t ints[4] = {0, 0, 0, 0};
+        int32_t ints[4] = {0, 0, 0, 0}; /* characters, words, URLs, characters inside URLs */
         memset(row, 0, sizeof(row));
         failed = score_text(&s, c, t, row, ints);
         for (size_t j = 0; j < c->ncol; j++)
-            c->of[j * c->nt + t] = row[j];
-        for (size_t j = 0; j < 4; j++)
-            c->oi[j * c->nt + t] = ints[j];
+            c->col[j][t] = row[j];
+        for (size_t j = 0; j < 3; j++)
+            c->icol[j][t] = ints[j];
+        c->url_ratio[t] = ratio((double)ints[3], (double)ints[0]);
     }
     counters[0] = (int64_t)s.t.cmps;
     counters[1] = (int64_t)s.t.false_total;
@@ -1116,6 +1124,95 @@ static int score_all(const Call *c, int64_t counters[3])
     return failed ? -1 : 0;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Character tables over all codepoints, built once at import from the interpreter's Unicode
+ * database (so they follow the running Python's Unicode version): class (space, word
+ * character: letter, digit/number, mark or "_", other), data-juicer "special" flag
+ * (whitespace, categories P, S, N, Z and Cc) and the lower-case mapping (str.lower where it
+ * gives one character, else the character itself). Codepoints past U+323AF (CJK ext. H)
+ * outside plane 14's tags and variation selectors are unassigned or private use: "other",
+ * not special, their own lower case. */
+static int table_range(uint32_t lo, uint32_t hi, PyObject *category, PyObject *lower)
+{
+    for (uint32_t c = lo; c < hi; c++) {
+        PyObject *ch = PyUnicode_FromOrdinal((int)c);
+        PyObject *cat = ch ? PyObject_CallOneArg(category, ch) : NULL;
+        PyObject *low = cat ? PyObject_CallMethodNoArgs(ch, lower) : NULL;
+        if (!low || !PyUnicode_Check(cat) || PyUnicode_GET_LENGTH(cat) != 2) {
+            Py_XDECREF(ch);
+            Py_XDECREF(cat);
+            Py_XDECREF(low);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "_qscore: unexpected unicodedata.category result");
+            return -1;
+        }
+        Py_UCS4 major = PyUnicode_READ_CHAR(cat, 0), minor = PyUnicode_READ_CHAR(cat, 1);
+        if (Py_UNICODE_ISSPACE(c)) { /* str.isspace */
+            tab_cls[c] = CLS_SPACE;
+            tab_special[c] = 1;
+        } else if (major == 'L' || major == 'N' || major == 'M' || c == '_') {
+            tab_cls[c] = CLS_WORD;
+        }
+        if (major == 'P' || major == 'S' || major == 'N' || major == 'Z' || (major == 'C' && minor == 'c'))
+            tab_special[c] = 1;
+        if (PyUnicode_GET_LENGTH(low) == 1)
+            tab_lower[c] = PyUnicode_READ_CHAR(low, 0);
+        Py_DECREF(ch);
+        Py_DECREF(cat);
+        Py_DECREF(low);
+    }
+    return 0;
+}
+
+/* The three tables in one block (6.6 MB) on 2 MiB pages where Linux allows: every character
+ * of every text is looked up, and 4 KiB pages measured ~3.5% slower scoring (TLB misses). */
+static int alloc_tables(void)
+{
+    size_t bytes = (size_t)NCP * 6;
+#ifdef __linux__
+    const size_t huge = (size_t)2 << 20;
+    void *p = NULL;
+    bytes = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, bytes))
+        p = NULL;
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, bytes, MADV_HUGEPAGE); /* a hint: failing only costs speed */
+#endif
+#else
+    void *p = malloc(bytes);
+#endif
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    tab_lower = (uint32_t *)p; /* first: 4-byte aligned */
+    tab_cls = (uint8_t *)p + (size_t)NCP * 4;
+    tab_special = tab_cls + NCP;
+    return 0;
+}
+
+static int build_tables(void)
+{
+    if (alloc_tables())
+        return -1;
+    for (uint32_t c = 0; c < NCP; c++) {
+        tab_cls[c] = CLS_OTHER;
+        tab_special[c] = 0;
+        tab_lower[c] = c;
+    }
+    PyObject *ud = PyImport_ImportModule("unicodedata");
+    PyObject *category = ud ? PyObject_GetAttrString(ud, "category") : NULL;
+    PyObject *lower = PyUnicode_InternFromString("lower");
+    int r = (category && lower && !table_range(0, 0x323B0, category, lower) &&
+             !table_range(0xE0000, 0xE01F0, category, lower)) ? 0 : -1;
+    Py_XDECREF(ud);
+    Py_XDECREF(category);
+    Py_XDECREF(lower);
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *name)
 {
     if (PyObject_GetBuffer(obj, view, writable ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0) {
@@ -1126,53 +1223,74 @@ static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *nam
     return 0;
 }
 
-/* Typed loads and stores need aligned memory (a misaligned one is undefined behaviour). */
-static int check_aligned(const Py_buffer *v, size_t align, const char *name)
+/* An integer attribute of the spec, range-checked (never wrapped into a C int). */
+static int spec_int(PyObject *spec, const char *name, long lo, long hi, long *out)
 {
-    if ((uintptr_t)v->buf % align) {
-        PyErr_Format(PyExc_ValueError, "score_texts: %s must be %zu-byte aligned", name, align);
+    PyObject *v = PyObject_GetAttrString(spec, name);
+    if (!v)
+        return -1;
+    long x = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (x < lo || x > hi) {
+        PyErr_Format(PyExc_ValueError, "score_texts: %s must be between %ld and %ld, got %ld", name, lo, hi, x);
         return -1;
     }
+    *out = x;
     return 0;
 }
 
-/* The n-gram sizes: each in 2..MAX_N, each list strictly increasing (the column order). */
-static int parse_ngram_sizes(Call *c, const char *top_ns, Py_ssize_t n_top, const char *dup_ns, Py_ssize_t n_dup)
+/* spec.top_ns or spec.dup_ns: n-gram sizes in 2..MAX_N, strictly increasing (the column order). */
+static int spec_ngrams(PyObject *spec, const char *name, uint8_t *is_n, size_t *count, int *max_n)
 {
-    for (Py_ssize_t j = 0; j < n_top + n_dup; j++) {
-        int k = (uint8_t)(j < n_top ? top_ns[j] : dup_ns[j - n_top]);
-        if (k < 2 || k > MAX_N) {
-            PyErr_Format(PyExc_ValueError, "score_texts: n-gram size %d outside 2..%d", k, MAX_N);
+    PyObject *v = PyObject_GetAttrString(spec, name);
+    PyObject *seq = v ? PySequence_Fast(v, "score_texts: n-gram sizes must be a sequence") : NULL;
+    Py_XDECREF(v);
+    if (!seq)
+        return -1;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    long prev = 0;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, j));
+        if (k == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
             return -1;
         }
-        if (j < n_top)
-            c->is_top[k] = 1;
-        else
-            c->is_dup[k] = 1;
-        if (k > c->max_n)
-            c->max_n = k;
+        if (k < 2 || k > MAX_N || k <= prev) {
+            PyErr_Format(PyExc_ValueError, "score_texts: %s must be strictly increasing n-gram sizes in 2..%d, "
+                         "got %ld after %ld", name, MAX_N, k, prev);
+            Py_DECREF(seq);
+            return -1;
+        }
+        is_n[k] = 1;
+        if (k > *max_n)
+            *max_n = (int)k;
+        prev = k;
     }
-    for (Py_ssize_t j = 1; j < n_top; j++)
-        if ((uint8_t)top_ns[j] <= (uint8_t)top_ns[j - 1]) {
-            PyErr_SetString(PyExc_ValueError, "score_texts: top_ns must be strictly increasing");
-            return -1;
-        }
-    for (Py_ssize_t j = 1; j < n_dup; j++)
-        if ((uint8_t)dup_ns[j] <= (uint8_t)dup_ns[j - 1]) {
-            PyErr_SetString(PyExc_ValueError, "score_texts: dup_ns must be strictly increasing");
-            return -1;
-        }
-    c->n_top = (size_t)n_top;
-    c->ncol = 6 + (size_t)n_top + (size_t)n_dup;
+    Py_DECREF(seq);
+    *count = (size_t)m;
     return 0;
 }
 
-static int check_rep_len(Py_ssize_t v, const char *name)
+/* Reads the score parameters from spec (a ScoreSpec, or anything with its attributes). */
+static int read_spec(Call *c, PyObject *spec)
 {
-    if (v < 1 || v > MAX_REP_LEN) {
-        PyErr_Format(PyExc_ValueError, "score_texts: %s must be between 1 and %d, got %zd", name, MAX_REP_LEN, v);
+    long char_len, word_len;
+    size_t n_dup;
+    if (spec_int(spec, "char_rep_len", 1, MAX_REP_LEN, &char_len) ||
+        spec_int(spec, "word_rep_len", 1, MAX_REP_LEN, &word_len) ||
+        spec_ngrams(spec, "top_ns", c->is_top, &c->n_top, &c->max_n) ||
+        spec_ngrams(spec, "dup_ns", c->is_dup, &n_dup, &c->max_n))
         return -1;
-    }
+    PyObject *ws = PyObject_GetAttrString(spec, "ignore_whitespace");
+    c->ignore_ws = ws ? PyObject_IsTrue(ws) : -1;
+    Py_XDECREF(ws);
+    if (c->ignore_ws < 0)
+        return -1;
+    c->char_len = (uint32_t)char_len;
+    c->word_len = (uint32_t)word_len;
+    c->ncol = 6 + c->n_top + n_dup;
     return 0;
 }
 
@@ -1221,58 +1339,78 @@ static int snapshot_layout(Call *c, const Py_buffer *starts, const Py_buffer *en
     return 0;
 }
 
-static PyObject *score_texts(PyObject *self, PyObject *args)
+/* A new result column of n 4-byte values, stored in out[name]; its data pointer, or NULL. */
+static void *new_column(PyObject *out, PyObject *name, size_t n)
+{
+    if (!name)
+        return NULL;
+    PyObject *col = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * 4));
+    int bad = !col || PyDict_SetItem(out, name, col) < 0;
+    Py_DECREF(name);
+    Py_XDECREF(col);
+    if (bad)
+        return NULL;
+    char *p = PyByteArray_AS_STRING(col); /* the dict holds it */
+    if (n && (uintptr_t)p % 4) { /* an empty bytearray's buffer is a shared empty string */
+        PyErr_SetString(PyExc_RuntimeError, "score_texts: misaligned result buffer");
+        return NULL;
+    }
+    return p;
+}
+
+/* The result: {name: bytearray of float32 or int32 per text}, in the order of the columns. */
+static PyObject *new_result(Call *c)
+{
+    static const char *fixed[6] = {"char_repeat_ratio", "special_char_ratio", "char_rep_ratio",
+                                   "word_rep_ratio", "dup_line_frac", "dup_line_char_frac"};
+    static const char *ints[3] = {"chars", "gopher_words", "url_count"};
+    PyObject *out = PyDict_New();
+    if (!out)
+        return NULL;
+    size_t j = 0;
+    for (; j < 6; j++)
+        if (!(c->col[j] = new_column(out, PyUnicode_FromString(fixed[j]), c->nt)))
+            goto fail;
+    for (int k = 2; k <= MAX_N; k++)
+        if (c->is_top[k] && !(c->col[j++] = new_column(out, PyUnicode_FromFormat("top%d_gram_char_frac", k), c->nt)))
+            goto fail;
+    for (int k = 2; k <= MAX_N; k++)
+        if (c->is_dup[k] && !(c->col[j++] = new_column(out, PyUnicode_FromFormat("dup%d_gram_char_frac", k), c->nt)))
+            goto fail;
+    for (size_t i = 0; i < 3; i++)
+        if (!(c->icol[i] = new_column(out, PyUnicode_FromString(ints[i]), c->nt)))
+            goto fail;
+    if (!(c->url_ratio = new_column(out, PyUnicode_FromString("url_char_ratio"), c->nt)))
+        goto fail;
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *score_texts(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
-    PyObject *o_data, *o_starts, *o_ends, *o_groups, *o_cls, *o_sp, *o_low, *o_outf, *o_outi, *o_stats = Py_None;
-    Py_ssize_t char_len, word_len;
-    int ignore_ws;
-    const char *top_ns, *dup_ns;
-    Py_ssize_t n_top, n_dup;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOnnpy#y#|O", &o_data, &o_starts, &o_ends, &o_groups, &o_cls, &o_sp, &o_low,
-                          &o_outf, &o_outi, &char_len, &word_len, &ignore_ws, &top_ns, &n_top, &dup_ns, &n_dup,
-                          &o_stats))
+    static char *kwlist[] = {"data", "starts", "ends", "groups", "spec", "stats", NULL};
+    PyObject *o_data, *o_starts, *o_ends, *o_groups, *spec, *o_stats = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|O:score_texts", kwlist, &o_data, &o_starts, &o_ends,
+                                     &o_groups, &spec, &o_stats))
         return NULL;
-    Py_buffer data = {0}, starts = {0}, ends = {0}, groups = {0}, cls = {0}, sp = {0}, low = {0}, outf = {0},
-              outi = {0}, stats = {0};
+    Py_buffer data = {0}, starts = {0}, ends = {0}, groups = {0}, stats = {0};
     Call c;
     memset(&c, 0, sizeof(c));
-    PyObject *result = NULL;
+    PyObject *out = NULL;
     if (get_buf(o_data, &data, 0, "data") || get_buf(o_starts, &starts, 0, "starts") ||
         get_buf(o_ends, &ends, 0, "ends") || get_buf(o_groups, &groups, 0, "groups") ||
-        get_buf(o_cls, &cls, 0, "cls") || get_buf(o_sp, &sp, 0, "special") || get_buf(o_low, &low, 0, "lower") ||
-        get_buf(o_outf, &outf, 1, "out_f") || get_buf(o_outi, &outi, 1, "out_i") ||
         (o_stats != Py_None && get_buf(o_stats, &stats, 1, "stats")))
         goto done;
-    if (check_rep_len(char_len, "char_rep_len") || check_rep_len(word_len, "word_rep_len") ||
-        parse_ngram_sizes(&c, top_ns, n_top, dup_ns, n_dup))
-        goto done;
-    if (check_aligned(&low, 4, "lower") || check_aligned(&outf, 4, "out_f") || check_aligned(&outi, 4, "out_i") ||
-        (stats.buf && check_aligned(&stats, 8, "stats")))
-        goto done;
-    if (stats.buf && stats.len < 3 * 8) {
-        PyErr_SetString(PyExc_ValueError, "score_texts: stats must be int64[3]");
+    if (stats.buf && (stats.len < 3 * 8 || (uintptr_t)stats.buf % 8)) {
+        PyErr_SetString(PyExc_ValueError, "score_texts: stats must be an aligned int64[3]");
         goto done;
     }
-    if ((size_t)cls.len < NCP || (size_t)sp.len < NCP || (size_t)low.len < NCP * 4) {
-        PyErr_SetString(PyExc_ValueError, "score_texts: cls/special/lower tables must cover all codepoints");
+    if (read_spec(&c, spec) || snapshot_layout(&c, &starts, &ends, &groups, data.len) || !(out = new_result(&c)))
         goto done;
-    }
-    if (snapshot_layout(&c, &starts, &ends, &groups, data.len))
-        goto done;
-    if ((size_t)outf.len < c.nt * c.ncol * 4 || (size_t)outi.len < c.nt * 4 * 4) {
-        PyErr_SetString(PyExc_ValueError, "score_texts: output buffers are too small");
-        goto done;
-    }
     c.bytes = (const uint8_t *)data.buf;
-    c.tcls = (const uint8_t *)cls.buf;
-    c.tsp = (const uint8_t *)sp.buf;
-    c.tlow = (const uint32_t *)low.buf;
-    c.char_len = (uint32_t)char_len;
-    c.word_len = (uint32_t)word_len;
-    c.ignore_ws = ignore_ws;
-    c.of = (float *)outf.buf;
-    c.oi = (int32_t *)outi.buf;
     int failed;
     int64_t counters[3];
     Py_BEGIN_ALLOW_THREADS
@@ -1282,28 +1420,34 @@ static PyObject *score_texts(PyObject *self, PyObject *args)
         for (int j = 0; j < 3; j++)
             ((int64_t *)stats.buf)[j] += counters[j];
     if (failed) {
+        Py_CLEAR(out);
         PyErr_NoMemory();
-        goto done;
     }
-    result = Py_None;
-    Py_INCREF(result);
 done:
     call_free(&c);
     PyBuffer_Release(&data);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ends);
     PyBuffer_Release(&groups);
-    PyBuffer_Release(&cls);
-    PyBuffer_Release(&sp);
-    PyBuffer_Release(&low);
-    PyBuffer_Release(&outf);
-    PyBuffer_Release(&outi);
     PyBuffer_Release(&stats);
-    return result;
+    return out;
+}
+
+/* The character tables, read-only (for the tests that check them against the reference). */
+static PyObject *tables(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return Py_BuildValue("{sNsNsN}", "cls", PyMemoryView_FromMemory((char *)tab_cls, NCP, PyBUF_READ),
+                         "special", PyMemoryView_FromMemory((char *)tab_special, NCP, PyBUF_READ), "lower",
+                         PyMemoryView_FromMemory((char *)tab_lower, NCP * 4, PyBUF_READ));
 }
 
 static PyMethodDef methods[] = {
-    {"score_texts", score_texts, METH_VARARGS, "Repetition scores of a batch of UTF-8 texts (see module source)."},
+    {"score_texts", (PyCFunction)(void (*)(void))score_texts, METH_VARARGS | METH_KEYWORDS,
+     "score_texts(data, starts, ends, groups, spec, stats=None) -> {score name: bytearray}\n\n"
+     "Repetition scores of a batch of UTF-8 texts (see the module source)."},
+    {"tables", tables, METH_NOARGS, "The character tables: {'cls', 'special', 'lower'} as read-only memoryviews."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1336,8 +1480,11 @@ static void draw_keys(void)
 PyMODINIT_FUNC PyInit__qscore(void)
 {
     draw_keys();
+    if (build_tables())
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "MAX_REP_LEN", MAX_REP_LEN) ||
+              PyModule_AddIntConstant(m, "MAX_NGRAM", MAX_N) ||
               PyModule_AddObject(m, "MAX_TEXT_BYTES", PyLong_FromLongLong(MAX_TEXT_BYTES)))) {
         Py_DECREF(m);
         return NULL;

@@ -10,7 +10,8 @@ better single view on both sets.
   once (the vocabulary and idf are global), so it is computed in the driver from texts.
   Fitting it on every row before cross-validation uses no labels, so it leaks nothing.
 * ``embedding``: sentence embeddings from the shared offline `Embedder` (all-MiniLM-L6-v2,
-  384 dims, first 128 tokens). Row-local, so workers compute them per batch.
+  384 dims, first 128 tokens, on the stage's ``backend``). Row-local, so workers compute
+  them per batch.
 
 ``combine`` joins both into one sparse matrix: the embedding block is appended as extra
 columns after the TF-IDF block, each block L2-normalised per row and the embedding block
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from dataguard.text.embeddings import Embedder
+from dataguard.embed import Embedder
 
 FEATURE_KINDS = ("embedding", "tfidf", "both")
 FEATURE_CHOICES = (*FEATURE_KINDS, "ensemble", "auto")  # ensemble: see dataguard/noise/views.py
@@ -51,7 +52,7 @@ def choose_features(word_counts: Sequence[int] | np.ndarray) -> tuple[str, dict[
     Why the median: one long outlier must not flip a set of intents to TF-IDF. Why length:
     on short texts TF-IDF has a handful of sparse words and the sentence embedding (plus its
     neighbours) generalises; on longer ones TF-IDF sees every word while MiniLM reads only
-    its first 256 word pieces (trained on 128). Where the cut lies is measured, see
+    its first 128 word pieces (the length it was trained with). Where the cut lies is measured, see
     `AUTO_MAX_WORDS`; length is a proxy - topic posts favoured TF-IDF even when cut short.
     """
     counts = np.asarray(word_counts, dtype=np.int64)

@@ -1,50 +1,88 @@
-"""All repetition / URL scores of one Arrow string column, by the fastest implementation here.
+"""All repetition / URL scores of one Arrow string column, by the compiled kernel.
 
-The compiled kernel (``dataguard.text._qscore``, built from ``_qscore.c`` at install time)
-reads the Arrow UTF-8 buffer directly and scores each text in one cache-resident pass. Where
-it could not be built (no C compiler), the NumPy reference in ``quality_scores`` computes
-the same numbers; ``tests/test_repetition_kernel.py`` and ``tests/test_kernel_fallback_parity.py``
-hold the two to exact agreement. URLs: the kernel implements ``quality_scores.URL_RE``'s
-matching rules directly; the reference runs the regex.
+The kernel (``dataguard.text._qscore``, built from ``_qscore.c`` by ``setup.py`` at install
+time; the install fails, naming what to install, where no C compiler exists) is the one
+implementation. It reads the Arrow UTF-8 buffer directly, scores each text in one
+cache-resident pass, builds its character tables at import from the interpreter's Unicode
+database, and returns the scores keyed by name. Its n-gram groups are exact (a hash match is
+confirmed by comparing the text). ``tests/reference_quality_scores.py`` is an independent
+NumPy implementation of the same definitions that the tests hold the kernel to, number for
+number; tests pass it as ``scorer`` to the functions below.
 
-Texts are scored in chunks of bounded size, so the reference's memory follows the chunk and
-the kernel's scratch follows the longest text scored. A text that cannot be scored - longer
-than ``max_text_bytes`` (and never above ``MAX_TEXT_BYTES``), or one that alone runs out of
-memory - gets NaN for every float score and 0 for the counts, instead of an exception for
-the whole batch; callers decide what that means (the quality stage rejects the row).
+Definitions (each checked against a hand-computed example in tests/test_quality.py); every
+score is one float32 (or int32) value per text:
+
+* ``char_repeat_ratio``: share of characters equal to the previous character of the same
+  text (whitespace runs ignored by default, so code indentation is not "repetition").
+* ``url_count`` / ``url_char_ratio``: URLs - the matches of ``URL_RE`` below, trailing
+  ``.,;:!?)]}`` excluded, longer than 4 characters - and the share of characters inside them.
+* ``special_char_ratio``: data-juicer ``special_characters_filter``: share of characters that
+  are punctuation, digits, whitespace or symbols (Unicode categories P, N, Z, S, and controls;
+  data-juicer lists them by hand plus the emoji set).
+* ``char_rep_ratio``: data-juicer ``character_repetition_filter`` (rep_len 10): over the
+  character 10-grams of the text, the sum of the frequencies of the ``min(isqrt(#distinct),
+  #repeated)`` most frequent repeated 10-grams divided by the number of 10-grams.
+* ``word_rep_ratio``: data-juicer ``word_repetition_filter`` (rep_len 10): words are split
+  on space/newline/tab, lower-cased, stripped of special characters at both ends (empty ones
+  dropped); the share of word 10-grams whose frequency is > 1.
+* Gopher (Rae et al. 2021, Table A1; the datatrove ``GopherRepetitionFilter`` formulas):
+  ``dup_line_frac`` (duplicate lines / lines, lines split on runs of newlines),
+  ``dup_line_char_frac`` (characters in duplicate lines / characters),
+  ``top_{2,3,4}gram_char_frac`` (characters of the most frequent n-gram times its count /
+  characters; 0 when no n-gram repeats - datatrove scores the first n-gram of an all-unique
+  text, which only measures shortness), ``dup_{5..10}gram_char_frac`` (characters of words
+  covered by second-or-later occurrences of an n-gram, each character counted once /
+  characters; datatrove counts the same occurrences greedily left to right). Gopher words
+  are runs of letters/digits/marks/underscore, and every other non-space character is a word
+  of its own (close to NLTK's ``word_tokenize`` that datatrove uses); ``gopher_words`` counts
+  them.
+
+Invalid UTF-8 (an Arrow string array built without validation) decodes as
+``bytes.decode("utf-8", "replace")`` does, text by text.
+
+Texts are scored in chunks of bounded size, so the kernel's scratch follows the longest text
+scored. A text that cannot be scored - longer than ``max_text_bytes`` (and never above
+``MAX_TEXT_BYTES``), or one that alone runs out of memory - gets NaN for every float score and
+0 for the counts, instead of an exception for the whole batch; callers decide what that means
+(the quality stage rejects the row).
 """
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.text import quality_scores as qs
-
-try:  # pragma: no cover - exercised by whichever path this install has
+try:
     from dataguard.text import _qscore
-except ImportError:  # no compiler at install time
-    _qscore = None
+except ImportError as err:  # a source tree that was never built
+    raise ImportError(
+        "dataguard.text._qscore, the compiled repetition kernel, is not built. Install dataguard with "
+        "`pip install -e .` (or `python setup.py build_ext --inplace` in a checkout); it needs a C "
+        "compiler and the Python headers (Debian/Ubuntu: apt install gcc python3-dev)") from err
 
-KERNEL_AVAILABLE = _qscore is not None
-
-MAX_REP_LEN = 1000  # data-juicer window / n-gram length; the kernel checks the same bound
-MAX_NGRAM = 20  # Gopher n-gram sizes 2..MAX_NGRAM
-MAX_TEXT_BYTES = 0x7FFFFF00  # the kernel's positions are 32-bit; longer texts are not scored
+MAX_REP_LEN: int = _qscore.MAX_REP_LEN  # data-juicer window / n-gram length (1000)
+MAX_NGRAM: int = _qscore.MAX_NGRAM  # Gopher n-gram sizes 2..MAX_NGRAM (20)
+MAX_TEXT_BYTES: int = _qscore.MAX_TEXT_BYTES  # the kernel's positions are 32-bit; longer texts are not scored
 KERNEL_CHUNK_BYTES = 64 << 20  # text bytes per kernel call (a MemoryError retries per half)
-REFERENCE_CHUNK_BYTES = 4 << 20  # text bytes per reference call (~200 bytes of arrays per character)
 INT_SCORES = ("gopher_words", "url_count")
+_INT_COLUMNS = ("chars", *INT_SCORES)  # the kernel's int32 columns ("chars": characters per text)
+# The URLs the kernel counts (it implements these matching rules in C, see count_urls).
+URL_RE = re.compile(r"(?:[a-zA-Z][a-zA-Z0-9+.\-]{1,15}://|www\.)[^\s<>\"'`]+")
 
 
-def kernel_enabled() -> bool:
-    """Whether scoring uses the kernel: built, and not switched off with DATAGUARD_NO_KERNEL=1
-    (which forces the NumPy reference, for comparisons and debugging)."""
-    return KERNEL_AVAILABLE and os.environ.get("DATAGUARD_NO_KERNEL", "") in ("", "0")
+class TextScorer(Protocol):
+    """Another implementation of every score, over whole texts (the tests' NumPy reference):
+    called with a ``large_string`` array and the spec, at most ``chunk_bytes`` of text a call."""
+
+    chunk_bytes: int
+
+    def __call__(self, texts: pa.Array, spec: ScoreSpec) -> dict[str, np.ndarray]: ...
 
 
 def _is_int(v: object) -> bool:
@@ -53,8 +91,8 @@ def _is_int(v: object) -> bool:
 
 @dataclass(frozen=True)
 class ScoreSpec:
-    """Which scores and with which parameters (the QualityStage's settings). Checked here so
-    both implementations refuse the same values (the kernel's C ints would wrap them)."""
+    """Which scores and with which parameters (the QualityStage's settings), read by name by
+    the kernel. Checked here with the stage's messages; the kernel checks the same bounds."""
 
     ignore_whitespace: bool = True
     char_rep_len: int = 10
@@ -73,14 +111,10 @@ class ScoreSpec:
                 raise ValueError(f"{name} must be increasing n-gram sizes in 2..{MAX_NGRAM}, got {ns!r}")
 
     def names(self) -> list[str]:
-        """Kernel output columns, in order."""
+        """Every score returned, in order."""
         return (["char_repeat_ratio", "special_char_ratio", "char_rep_ratio", "word_rep_ratio", "dup_line_frac",
                  "dup_line_char_frac"] + [f"top{k}_gram_char_frac" for k in self.top_ns]
-                + [f"dup{k}_gram_char_frac" for k in self.dup_ns])
-
-    def all_names(self) -> list[str]:
-        """Every score returned, in order (kernel columns, then the counts and the URL ratio)."""
-        return [*self.names(), "gopher_words", "url_count", "url_char_ratio"]
+                + [f"dup{k}_gram_char_frac" for k in self.dup_ns] + ["gopher_words", "url_count", "url_char_ratio"])
 
 
 def _as_large_string(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -99,29 +133,22 @@ def _byte_offsets(arr: pa.Array) -> np.ndarray:
     return offs.astype(np.int64)
 
 
-def _check_kernel(use_kernel: bool | None) -> bool:
-    if use_kernel is None:
-        return kernel_enabled()
-    if use_kernel and not KERNEL_AVAILABLE:
-        raise RuntimeError("the compiled repetition kernel is not built (reinstall with a C compiler)")
-    return use_kernel
-
-
-def score_strings(arr: pa.Array | pa.ChunkedArray | Sequence[str], spec: ScoreSpec = ScoreSpec(),
-                  use_kernel: bool | None = None, max_text_bytes: int | None = None) -> dict[str, np.ndarray]:
-    """Every score (see ``quality_scores``) of each string; nulls score as empty strings.
-    Texts over ``max_text_bytes`` UTF-8 bytes are not scored (NaN, see the module docstring)."""
+def score_strings(arr: pa.Array | pa.ChunkedArray | Sequence[str], spec: ScoreSpec = ScoreSpec(), *,
+                  max_text_bytes: int | None = None, scorer: TextScorer | None = None) -> dict[str, np.ndarray]:
+    """Every score (see the module docstring) of each string; nulls score as empty strings.
+    Texts over ``max_text_bytes`` UTF-8 bytes are not scored (NaN). ``scorer``: another
+    implementation instead of the kernel (the tests' reference)."""
     if not isinstance(arr, pa.Array | pa.ChunkedArray):
         arr = pa.array(list(arr), pa.large_string())
     arr = _as_large_string(arr)
     n = len(arr)
     layout = _Layout(arr, np.arange(n, dtype=np.int64), np.arange(n + 1, dtype=np.int64), joined=True)
-    return _score(layout, spec, _check_kernel(use_kernel), max_text_bytes)
+    return _score(layout, spec, scorer, max_text_bytes)
 
 
 def score_segments(content: pa.Array | pa.ChunkedArray, segments: np.ndarray, groups: np.ndarray,
-                   spec: ScoreSpec = ScoreSpec(), use_kernel: bool | None = None,
-                   max_text_bytes: int | None = None) -> dict[str, np.ndarray]:
+                   spec: ScoreSpec = ScoreSpec(), *, max_text_bytes: int | None = None,
+                   scorer: TextScorer | None = None) -> dict[str, np.ndarray]:
     """Scores of texts assembled from pieces: text t is ``content[segments[groups[t]:groups[t+1]]]``
     joined by newlines (a side of each conversation, without building the joined strings).
     Texts over ``max_text_bytes`` UTF-8 bytes (joined) are not scored (NaN)."""
@@ -130,12 +157,12 @@ def score_segments(content: pa.Array | pa.ChunkedArray, segments: np.ndarray, gr
     if content.null_count:
         content = pc.fill_null(content, "")
     layout = _Layout(content, np.asarray(segments, dtype=np.int64), np.asarray(groups, dtype=np.int64))
-    return _score(layout, spec, _check_kernel(use_kernel), max_text_bytes)
+    return _score(layout, spec, scorer, max_text_bytes)
 
 
 def join_segments(content: pa.Array, segments: np.ndarray, groups: np.ndarray) -> pa.Array:
     """The texts ``score_segments`` scores, built as strings: content[segments[groups[t]:groups[t+1]]]
-    joined by newlines (for the reference path and for showing examples)."""
+    joined by newlines (for another scorer and for showing examples)."""
     if isinstance(content, pa.ChunkedArray):
         content = content.combine_chunks()
     if content.null_count:
@@ -185,7 +212,8 @@ class _Layout:
         idx, groups = self.pieces(a, b, skip)
         return _kernel(self.content, self.starts[idx], self.ends[idx], groups, spec)
 
-    def reference_scores(self, a: int, b: int, skip: np.ndarray, spec: ScoreSpec) -> dict[str, np.ndarray]:
+    def joined_texts(self, a: int, b: int, skip: np.ndarray) -> pa.Array:
+        """Texts a..b-1 as strings (the skipped ones empty), for a scorer other than the kernel."""
         if self.joined:
             texts = self.content.slice(a, b - a)
             if skip[a:b].any():
@@ -193,7 +221,7 @@ class _Layout:
         else:
             idx, groups = self.pieces(a, b, skip)
             texts = join_segments(self.content, self.segments[idx], groups)
-        return _reference(_as_large_string(texts), spec)
+        return _as_large_string(texts)
 
 
 def _chunks(sizes: np.ndarray, budget: int) -> list[tuple[int, int]]:
@@ -214,20 +242,21 @@ def _chunks(sizes: np.ndarray, budget: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _score(layout: _Layout, spec: ScoreSpec, kernel: bool, max_text_bytes: int | None) -> dict[str, np.ndarray]:
+def _score(layout: _Layout, spec: ScoreSpec, scorer: TextScorer | None,
+           max_text_bytes: int | None) -> dict[str, np.ndarray]:
     """Scores every text chunk by chunk; the texts that cannot be scored get NaN / 0."""
     n = layout.n
     limit = MAX_TEXT_BYTES if max_text_bytes is None else min(int(max_text_bytes), MAX_TEXT_BYTES)
     nbytes = layout.text_bytes()
     skip = nbytes > limit
     run: Callable[[int, int], dict[str, np.ndarray]]
-    if kernel:
+    if scorer is None:
         def run(a: int, b: int) -> dict[str, np.ndarray]:
             return layout.kernel_scores(a, b, skip, spec)
     else:
         def run(a: int, b: int) -> dict[str, np.ndarray]:
-            return layout.reference_scores(a, b, skip, spec)
-    ranges = _chunks(np.where(skip, 0, nbytes), KERNEL_CHUNK_BYTES if kernel else REFERENCE_CHUNK_BYTES)
+            return scorer(layout.joined_texts(a, b, skip), spec)
+    ranges = _chunks(np.where(skip, 0, nbytes), KERNEL_CHUNK_BYTES if scorer is None else scorer.chunk_bytes)
     if ranges == [(0, n)] and not skip.any():
         try:
             return _ordered(run(0, n), spec)  # the usual batch: one call, no copies
@@ -259,11 +288,11 @@ def _fill(run: Callable[[int, int], dict[str, np.ndarray]], a: int, b: int, out:
 
 
 def _empty_scores(spec: ScoreSpec, n: int) -> dict[str, np.ndarray]:
-    return {name: np.zeros(n, dtype=np.int32 if name in INT_SCORES else np.float32) for name in spec.all_names()}
+    return {name: np.zeros(n, dtype=np.int32 if name in INT_SCORES else np.float32) for name in spec.names()}
 
 
 def _ordered(scores: dict[str, np.ndarray], spec: ScoreSpec) -> dict[str, np.ndarray]:
-    return {name: scores[name] for name in spec.all_names()}
+    return {name: scores[name] for name in spec.names()}
 
 
 def _mark_unscored(out: dict[str, np.ndarray], failed: np.ndarray) -> None:
@@ -275,36 +304,9 @@ def _mark_unscored(out: dict[str, np.ndarray], failed: np.ndarray) -> None:
 
 def _kernel(arr: pa.Array, starts: np.ndarray, ends: np.ndarray, groups: np.ndarray,
             spec: ScoreSpec, stats: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """One kernel call (``stats``: optional int64[3] debug counters, see ``_qscore.c``)."""
-    n = len(groups) - 1
-    names = spec.names()
-    # Column-major: each score is one contiguous array (Arrow takes it without a copy).
-    out_f = np.zeros((len(names), n), dtype=np.float32)
-    out_i = np.zeros((4, n), dtype=np.int32)
-    if n:
-        tables = qs._tables()
-        data = arr.buffers()[2] if len(arr) else None
-        # The kernel copies starts / ends / groups before it releases the GIL.
-        _qscore.score_texts(data if data is not None else b"", starts, ends, groups, tables["cls"],
-                            tables["special"].view(np.uint8), tables["lower"], out_f, out_i,
-                            spec.char_rep_len, spec.word_rep_len, spec.ignore_whitespace,
-                            bytes(spec.top_ns), bytes(spec.dup_ns), stats)
-    scores = {name: out_f[j] for j, name in enumerate(names)}
-    chars, scores["gopher_words"], scores["url_count"], url_chars = out_i
-    ratio = np.zeros(n, dtype=np.float64)
-    np.divide(url_chars, chars, out=ratio, where=chars > 0)
-    scores["url_char_ratio"] = ratio.astype(np.float32)
-    return scores
-
-
-def _reference(arr: pa.Array, spec: ScoreSpec) -> dict[str, np.ndarray]:
-    tb = qs.TextBatch.from_arrow(arr)
-    out: dict[str, np.ndarray] = {}
-    out["char_repeat_ratio"] = qs.char_repeat_ratio(tb, ignore_whitespace=spec.ignore_whitespace)
-    out["url_count"], out["url_char_ratio"] = qs.url_stats(tb)
-    out["special_char_ratio"] = qs.special_char_ratio(tb)
-    out["char_rep_ratio"] = qs.char_rep_ratio(tb, spec.char_rep_len)
-    out["word_rep_ratio"] = qs.word_rep_ratio(tb, spec.word_rep_len)
-    out["dup_line_frac"], out["dup_line_char_frac"] = qs.dup_line_fracs(tb)
-    out.update(qs.gopher_ngram_fracs(tb, spec.top_ns, spec.dup_ns))
-    return out
+    """One kernel call: every score by name, plus "chars" (characters per text); ``stats``:
+    optional int64[3] debug counters (see ``_qscore.c``)."""
+    data = arr.buffers()[2] if len(arr) else None
+    # The kernel copies starts / ends / groups before it releases the GIL.
+    raw = _qscore.score_texts(data if data is not None else b"", starts, ends, groups, spec, stats)
+    return {name: np.frombuffer(buf, np.int32 if name in _INT_COLUMNS else np.float32) for name, buf in raw.items()}

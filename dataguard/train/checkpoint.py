@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataguard.train.weights import load_state_into
+
 COMPLETE = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{6,})$")
 _TMP_NAME = re.compile(r"^step-\d{6,}\.tmp-\d+$")
@@ -245,8 +247,6 @@ def load_weights(model: Any, folder: str | Path) -> None:
         if unexpected:
             raise CheckpointError(f"{path}: keys not in the model: {', '.join(unexpected[:10])}")
         return
-    from dataguard.train.convert import load_state_into
-
     load_state_into(model, read_weights(folder), source=str(folder))
 
 

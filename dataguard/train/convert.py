@@ -1,85 +1,25 @@
-"""Move weights between layouts: PEFT-prefixed or plain keys, LoRA merged into the base.
+"""Turn a run or checkpoint into a plain Hugging Face folder (LoRA merged into the base).
 
-``load_state_into`` loads a state dict whose keys are either plain (``model.layers.0...``)
-or PEFT-prefixed (``base_model.model.model.layers.0...``) into either a plain or a peft model;
-whatever does not line up is one error naming the keys. ``convert_checkpoint`` turns a LoRA
-run or checkpoint into a plain Hugging Face folder (adapter merged with ``merge_and_unload``)
-that ``from_pretrained`` loads without peft.
+``convert_checkpoint`` writes a folder (adapter merged with ``merge_and_unload``) that
+``from_pretrained`` loads without peft. Key layouts (plain or PEFT-prefixed) are matched by
+``dataguard.train.weights.load_state_into``, re-exported here.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
+from dataguard.train.checkpoint import COMPLETE, latest_checkpoint, load_weights
+from dataguard.train.weights import PEFT_PREFIX, ConvertError, load_state_into
 
-PEFT_PREFIX = "base_model.model."
-
-
-class ConvertError(ValueError):
-    """Weights that do not fit the model (the message names the keys)."""
-
-
-def _strip(key: str) -> str:
-    return key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
-
-
-def _canonical(key: str) -> str:
-    """Key without the PEFT prefix and without peft's ``.base_layer`` indirection."""
-    return _strip(key).replace(".base_layer.", ".")
-
-
-def _tied_missing(model: torch.nn.Module, missing: list[str]) -> list[str]:
-    """Missing keys that are not just the second name of a tied (shared) tensor."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    seen: dict[int, str] = {}
-    for name, p in model.named_parameters():
-        seen[p.data_ptr()] = name
-    return [k for k in missing if not (k in params and params[k].data_ptr() in seen and seen[params[k].data_ptr()] != k)]
-
-
-def load_state_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str = "weights",
-                    strict: bool = True) -> None:
-    """Load ``state`` (either key layout) into ``model`` (plain or peft), copying values."""
-    target = model.state_dict()
-    by_canonical = {_canonical(k): k for k in target}
-    mapped: dict[str, torch.Tensor] = {}
-    unexpected: list[str] = []
-    shape_errors: list[str] = []
-    for key, value in state.items():
-        dest = key if key in target else by_canonical.get(_canonical(key))
-        if dest is None:
-            unexpected.append(key)
-            continue
-        if tuple(target[dest].shape) != tuple(value.shape):
-            shape_errors.append(f"{key} {tuple(value.shape)} vs {tuple(target[dest].shape)}")
-            continue
-        mapped[dest] = value
-    missing = [k for k in target if k not in mapped]
-    if hasattr(model, "peft_config") and not strict:
-        missing = []
-    missing = _tied_missing(model, missing)
-    problems = []
-    if shape_errors:
-        problems.append("shape mismatch: " + ", ".join(shape_errors[:8]))
-    if unexpected:
-        problems.append(f"{len(unexpected)} key(s) not in the model: " + ", ".join(unexpected[:8]))
-    if missing and strict:
-        problems.append(f"{len(missing)} model key(s) missing from {source}: " + ", ".join(missing[:8]))
-    if problems:
-        raise ConvertError(f"{source} does not fit {type(model).__name__}: " + "; ".join(problems))
-    with torch.no_grad():
-        for dest, value in mapped.items():
-            target[dest].copy_(value.to(target[dest].dtype))
+__all__ = ["PEFT_PREFIX", "ConvertError", "convert_checkpoint", "find_checkpoint", "load_run_model",
+           "load_state_into"]
 
 
 def find_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder itself, or the newest complete one of a run folder."""
-    from dataguard.train.checkpoint import COMPLETE, latest_checkpoint
-
     path = Path(path)
     if (path / COMPLETE).is_file():
         return path
@@ -126,7 +66,6 @@ def _tokenizer(folder: Path) -> Any:
 def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None) -> Any:
     """The trained model of a checkpoint: the base (rebuilt from ``model_spec`` or read from the
     adapter config) with the adapter loaded, or the full model."""
-    from dataguard.train.checkpoint import load_weights
     from dataguard.train.model import apply_lora, load_model
 
     ckpt = Path(ckpt)

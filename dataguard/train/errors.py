@@ -1,4 +1,4 @@
-"""The training runner's errors (re-exported by `dataguard.train.loop`)."""
+"""The training runner's errors (re-exported by `dataguard.train.loop` and `dataguard.train.data`)."""
 
 from __future__ import annotations
 
@@ -9,3 +9,7 @@ class TrainError(RuntimeError):
 
 class TrainDiverged(TrainError):
     """The guard stopped a diverging run (one line naming the step, cause and diagnosis file)."""
+
+
+class TrainDataError(ValueError):
+    """The run folder cannot be trained on; the message says what to fix."""

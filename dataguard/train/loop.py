@@ -29,7 +29,8 @@ uninterrupted one would have (fp32, CPU).
 The pieces live in their own modules: `setup` (everything before the first step, RNG
 restored last), `prepare` (resume check, encoding, class tensors, accelerator, run.json),
 `evaluate`, `metrics_log` (metrics.jsonl / TensorBoard), `respond` (acting on the guard's
-verdict) and `errors`; this module keeps the loop and the optimizer step.
+verdict), `step` (the optimizer step, the metrics record, best-eval tracking) and `errors`;
+this module keeps the loop and the checkpoint save.
 """
 
 from __future__ import annotations
@@ -63,25 +64,19 @@ from dataguard.train.prepare import RESUME_KEYS
 from dataguard.train.respond import respond
 from dataguard.train.run_setup import setup_run
 from dataguard.train.sampler import CurriculumSampler
+from dataguard.train.step import (
+    ClipSettings,
+    across_processes,
+    guard_after_step,
+    metrics_record,
+    optimizer_step,
+    row_ids,
+    update_best,
+)
 
 __all__ = ["IGNORE_INDEX", "RESUME_KEYS", "TrainDiverged", "TrainError", "TrainResult", "Trainer"]
 
 log = logging.getLogger(__name__)
-
-
-def _across_processes(accelerator: Any, mean_loss: float, tokens: int, device: Any) -> tuple[float, int]:
-    """(mean of the processes' losses, total tokens): with equal slices and uniform weights
-    the mean of the slice losses is the batch's loss, so a run logs what one process would."""
-    both = accelerator.reduce(torch.tensor([mean_loss, float(tokens)], dtype=torch.float64, device=device), "sum")
-    return float(both[0]) / accelerator.num_processes, int(both[1])
-
-
-@dataclass
-class _ClipSettings:
-    """The clipping settings of one step (the guard tightens ``max_grad_norm`` while recovering)."""
-
-    clip_rules: Any
-    max_grad_norm: float
 
 
 @dataclass
@@ -119,12 +114,10 @@ class Trainer:
         self.run_dir = Path(cfg.output)
         self.notes: list[str] = []
 
-    # ------------------------------------------------------------------------ setup
     def _warn(self, text: str) -> None:
         self.notes.append(text)
         warnings.warn(text, stacklevel=3)
 
-    # -------------------------------------------------------------------------- fit
     def fit(self, resume: bool = False, *, stop_after: int | None = None) -> TrainResult:
         """Train to ``total_steps`` (or ``stop_after`` steps, as if interrupted there).
 
@@ -180,7 +173,7 @@ class Trainer:
                 idx, mult = sampler.next_batch()
                 if world > 1:  # every process draws the same batch and trains on its own slice
                     idx, mult = idx[rank::world], mult[rank::world]
-                rows.extend(_row_ids(enc, idx))
+                rows.extend(row_ids(enc, idx))
                 batch = {k: v.to(device) for k, v in enc.collate(idx, pad_id, mult).items()}
                 if any(f.kind == "garbage_batch" for f in due):
                     batch = garbage_batch(batch, vocab_size, now_step)
@@ -201,17 +194,17 @@ class Trainer:
                             stats = monitor.stats()
                         if now_step % cfg.histogram_every == 0:
                             hist = monitor.histograms()
-                        clip_cfg = cfg if guard is None else _ClipSettings(cfg.clip_rules, guard.clip_norm(now_step))
+                        clip_cfg = cfg if guard is None else ClipSettings(cfg.clip_rules, guard.clip_norm(now_step))
                         clip = clip_gradients(raw_model, clip_cfg, kinds)
                         mean_loss = loss_sum / cfg.grad_accum
                         if world > 1:  # the loss of the whole batch: every process judges and logs the same
-                            mean_loss, tokens = _across_processes(accelerator, mean_loss, tokens, device)
+                            mean_loss, tokens = across_processes(accelerator, mean_loss, tokens, device)
                         bad_layers: list[str] = []
                         if not clip.finite or not math.isfinite(mean_loss):
                             bad_layers = monitor.nonfinite_layers()
                         if guard is not None and (scaler is None or clip.finite):  # fp16 overflow: the scaler's
                             verdict = guard.check(now_step, mean_loss, clip.total_norm, clip.finite, bad_layers)
-                        applied, lr, lr_groups, ratios = _optimizer_step(
+                        applied, lr, lr_groups, ratios = optimizer_step(
                             accelerator, optimizer, scheduler, scaler, clip, verdict, mean_loss, gvs, guard,
                             lr_spike, monitor if monitor_step else None)
                         if not applied:
@@ -223,16 +216,9 @@ class Trainer:
                     verdict = Verdict(anomalies=verdict.anomalies + weights.anomalies, skip=False,
                                       rollback=weights.rollback, stop=weights.stop)
             now = time.perf_counter()
-            record = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": clip.total_norm,
-                      "clipped": clip.clipped, "skipped": not applied, "tokens": tokens,
-                      "tokens_per_s": tokens / max(now - t_last, 1e-9), "phase": phase,
-                      "amp_scale": float(scaler.get_scale()) if scaler is not None else None, "lr_groups": lr_groups}
+            record = metrics_record(step, mean_loss, lr, clip, applied, tokens, now - t_last, phase, scaler,
+                                    lr_groups, stats, ratios)
             t_last = now
-            if scaler is not None:
-                record["loss_scale"] = float(scaler.get_scale())
-            if stats is not None:
-                record.update(stats)
-                record["update_ratios"] = ratios or {}
             history.append({k: record[k] for k in ("step", "loss", "lr", "grad_norm", "skipped")})
             metrics.write(record)
             if hist is not None:
@@ -247,12 +233,8 @@ class Trainer:
                 raise TrainDiverged(stop)
             if verdict.rollback:
                 lr_spike = 1.0  # the spike lived in the optimizer state that was rolled back
-            if guard is not None and guard.rollbacks and step == guard.recover_until:
-                events.add(step, "recovered", "recovery_end", f"clip back to {cfg.max_grad_norm:g} after "
-                           f"{guard.k['recovery_steps']} steps; lr scale stays x{guard.lr_scale:g}", lr=lr)
-            if guard is not None and applied and not verdict.anomalies and not verdict.rollback \
-                    and step % int(guard.k["snapshot_every"]) == 0:
-                guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
+            guard_after_step(guard, step, applied, verdict, cfg.max_grad_norm, events, lr, raw_model, optimizer,
+                             scheduler, scaler)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", gnorm=f"{clip.total_norm:.3g}",
@@ -262,21 +244,17 @@ class Trainer:
                 last_eval = self._evaluate(model, val, pad_id, offsets, device)
                 metrics.write({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
                 model.train()
-                if best["metric"] is None or last_eval["loss"] < best["metric"]:
-                    best.update(metric=last_eval["loss"], bad_evals=0)
-                    is_best = True
-                else:
-                    best["bad_evals"] += 1
-                stopped_early = bool(cfg.early_stopping_patience and best["bad_evals"] >= cfg.early_stopping_patience)
+                is_best, stopped_early = update_best(best, last_eval, cfg.early_stopping_patience)
             if is_best or step % cfg.save_every == 0 or step == total or stopped_early:
                 if is_best:
                     best["checkpoint"] = f"step-{step:06d}"
                 path = self.run_dir
                 if main:
-                    path = self._save(step, raw_model, tokenizer, optimizer, scheduler, scaler, sampler, history,
-                                      label_map, skipped, best, gvs,
-                                      {"guard": guard.state_dict() if guard is not None else None,
-                                       "faults": {**plan.state_dict(), "lr_spike": lr_spike}})
+                    path = save_run_checkpoint(
+                        self.run_dir, self.cfg, step, raw_model, tokenizer, optimizer, scheduler, scaler, sampler,
+                        history, label_map, skipped, best, gvs, self._warn,
+                        {"guard": guard.state_dict() if guard is not None else None,
+                         "faults": {**plan.state_dict(), "lr_spike": lr_spike}})
                     events.add(step, "checkpoint", "save", str(path), lr=lr)
                 accelerator.wait_for_everyone()
                 if guard is not None:  # a resumed run's snapshot is this checkpoint: keep the same one here
@@ -294,15 +272,13 @@ class Trainer:
             bar.close()
         metrics.close()
         final = ckpt_mod.latest_checkpoint(self.run_dir)
-        result = TrainResult(run_dir=self.run_dir, steps=step, total_steps=total,
+        return TrainResult(run_dir=self.run_dir, steps=step, total_steps=total,
                              final_loss=history[-1]["loss"] if history else None, skipped_steps=skipped,
                              best_metric=best["metric"], best_checkpoint=best["checkpoint"],
                              stopped_early=stopped_early, last_eval=last_eval, history=history,
                              checkpoint=final if saved_at >= 0 else None,
                              rollbacks=guard.rollbacks if guard is not None else 0, events=list(events.events))
-        return result
 
-    # ----------------------------------------------------------------------- pieces
     def _loss(self, model: Any, batch: dict[str, torch.Tensor], offsets: torch.Tensor | None,
               class_weights: torch.Tensor | None) -> torch.Tensor:
         cfg = self.cfg
@@ -320,76 +296,22 @@ class Trainer:
         return evaluate(model, val, task=cfg.task, batch_size=cfg.batch_size, pad_id=pad_id, offsets=offsets,
                         logit_adjustment=cfg.logit_adjustment, device=device)
 
-    def _save(self, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, scaler: Any,
-              sampler: CurriculumSampler, history: list[dict[str, Any]], label_map: LabelMap | None,
-              skipped: int, best: dict[str, Any], gvs: GradVarianceScaler | None,
-              guard_state: dict[str, Any] | None = None) -> Path:
-        extra = {"skipped_steps": skipped, "best": dict(best),
-                 "grad_variance": gvs.state_dict() if gvs is not None else None, **(guard_state or {})}
-        try:
-            return ckpt_mod.save_checkpoint(
-                self.run_dir, step, model, optimizer, scheduler, scaler, sampler.state_dict(),
-                ckpt_mod.capture_rng(), history, label_map.to_json() if label_map else None, self.cfg.to_dict(),
-                tokenizer=tokenizer, extra=extra, keep=self.cfg.keep_checkpoints,
-                protect=[best["checkpoint"]] if best.get("checkpoint") else [])
-        except ckpt_mod.CheckpointError as exc:
-            self._warn(str(exc))
-            return ckpt_mod.latest_checkpoint(self.run_dir) or self.run_dir
 
-
-
-def _row_ids(enc: Encoded, idx: list[int]) -> list[str]:
-    """The data row ids of a micro-batch (every row of a pack)."""
-    if enc.packed_rows is not None:
-        return [r for i in idx for r in enc.packed_rows[i]]
-    return [enc.row_ids[i] for i in idx]
-
-
-def _lr_groups(optimizer: Any) -> dict[str, float]:
-    """The lr each kind of parameter group used (first group of a kind)."""
-    out: dict[str, float] = {}
-    for g in optimizer.param_groups:
-        out.setdefault(str(g.get("kind", "all")), float(g["lr"]))
-    return out
-
-
-def _optimizer_step(accelerator: Any, optimizer: Any, scheduler: Any, scaler: Any, clip: Any, verdict: Verdict,
-                    mean_loss: float, gvs: GradVarianceScaler | None, guard: Any, lr_spike: float,
-                    monitor: Any) -> tuple[bool, float, dict[str, float], dict[str, float] | None]:
-    """Apply (or skip) the optimizer step of accumulated, clipped gradients; returns (applied,
-    base lr used, lr per group kind, update ratios when ``monitor`` is given). The lr damping /
-    back-off / spike is for this step only; the scheduler steps only for an applied step."""
-    ratios = None
-    first = optimizer.param_groups[0]
-    if (not clip.finite and scaler is None) or verdict.skip:
-        applied = False  # never let a non-finite gradient (or a spike) reach the weights
-        if scaler is not None and clip.finite:
-            scaler.update()  # unscale_ was called: close this step for the scaler
-        lr = first["lr"] / (first.get("lr_mult") or 1.0)
-        lr_groups = _lr_groups(optimizer)
-    else:
-        scheduled = [g["lr"] for g in optimizer.param_groups]
-        factor = 1.0
-        if gvs is not None and clip.finite:
-            factor = gvs.update(clip.total_norm)
-        factor = factor * (guard.lr_scale if guard is not None else 1.0) * lr_spike
-        if factor != 1.0:
-            for g in optimizer.param_groups:
-                g["lr"] *= factor
-        if monitor is not None:
-            monitor.begin_update()
-        optimizer.step()  # with a scaler, a non-finite step is skipped inside
-        applied = clip.finite and not accelerator.optimizer_step_was_skipped
-        if monitor is not None:
-            ratios = monitor.update_ratios()
-        lr = first["lr"] / (first.get("lr_mult") or 1.0)  # the base lr (x1.0) used
-        lr_groups = _lr_groups(optimizer)
-        if factor != 1.0:  # the damping / back-off is for this step only
-            for g, value in zip(optimizer.param_groups, scheduled, strict=True):
-                g["lr"] = value
-    if applied:
-        scheduler.step()
-        if guard is not None:
-            guard.accept(mean_loss, clip.total_norm)
-    optimizer.zero_grad(set_to_none=True)
-    return applied, lr, lr_groups, ratios
+def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, tokenizer: Any, optimizer: Any,
+                        scheduler: Any, scaler: Any, sampler: CurriculumSampler, history: list[dict[str, Any]],
+                        label_map: LabelMap | None, skipped: int, best: dict[str, Any],
+                        gvs: GradVarianceScaler | None, warn: Callable[[str], None],
+                        guard_state: dict[str, Any] | None = None) -> Path:
+    """Save the step's checkpoint with the loop's own state; a refused save is a warning and
+    the newest complete checkpoint (or the run folder) is returned instead."""
+    extra = {"skipped_steps": skipped, "best": dict(best),
+             "grad_variance": gvs.state_dict() if gvs is not None else None, **(guard_state or {})}
+    try:
+        return ckpt_mod.save_checkpoint(
+            run_dir, step, model, optimizer, scheduler, scaler, sampler.state_dict(),
+            ckpt_mod.capture_rng(), history, label_map.to_json() if label_map else None, cfg.to_dict(),
+            tokenizer=tokenizer, extra=extra, keep=cfg.keep_checkpoints,
+            protect=[best["checkpoint"]] if best.get("checkpoint") else [])
+    except ckpt_mod.CheckpointError as exc:
+        warn(str(exc))
+        return ckpt_mod.latest_checkpoint(run_dir) or run_dir

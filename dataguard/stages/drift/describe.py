@@ -146,8 +146,8 @@ def describe(st: DriftStage) -> dict[str, Any]:
         "correction": st.correct,
         "corrected_column": st.corrected if st.correct and not st.correction_note else None,
         "stratified_by": st.label_column if st.scales else None,
-        "rows_resampled_out": st._rows_resampled_out,
-        "rows_repeated": st._rows_repeated,
+        "rows_resampled_out": st.tally.get("resampled_out"),
+        "rows_repeated": st.tally.get("repeated"),
     }
     if labels is not None:
         summary["label_psi"] = labels

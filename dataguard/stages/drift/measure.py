@@ -121,8 +121,9 @@ def measure_samples(st: DriftStage) -> None:
     if st.text and st._texts and st.ref_texts:
         from dataguard.stats.domain import domain_classifier_auc, embed_texts
 
-        emb_train = embed_texts([t for _, t in st._texts])
-        emb_ref = embed_texts([t for _, t in st.ref_texts])
+        backend, length = getattr(st, "backend", None), getattr(st, "max_seq_length", None)
+        emb_train = embed_texts([t for _, t in st._texts], backend=backend, max_seq_length=length)
+        emb_ref = embed_texts([t for _, t in st.ref_texts], backend=backend, max_seq_length=length)
         st.text_auc = domain_classifier_auc(emb_train, emb_ref, st.seed)
         if st.mmd_sample:
             st.mmd["text"] = mmd_summary(emb_train, emb_ref, scale=False, **kwargs)

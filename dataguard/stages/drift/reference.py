@@ -21,14 +21,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dataguard.records import message_texts
+from dataguard.records import SIDE_ROLES, message_texts
 from dataguard.stats.features import has_feature, numeric_feature
 from dataguard.stats.hashing import hash64
 from dataguard.stats.psi import bin_counts, quantile_edges
 from dataguard.stats.repeat import weighted_value_counts
 
-TEXT_ROLES = {"prompt": ("system", "user", "tool"), "response": ("assistant",),
-              "full": ("system", "user", "assistant", "tool")}
+TEXT_ROLES = SIDE_ROLES
 Sample = list[tuple[float, Any]]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dataguard.embed import DEFAULT_BACKEND
 from dataguard.records import empty_rejected, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stages.drift import describe as _describe
@@ -21,7 +22,7 @@ from dataguard.stages.drift.measure import (
     measure_samples,
     merge_summaries,
 )
-from dataguard.stages.drift.params import check
+from dataguard.stages.drift.params import CONSTRAINTS, check
 from dataguard.stages.drift.reference import (
     TEXT_ROLES,
     categories,
@@ -46,8 +47,13 @@ from dataguard.stats.repeat import (
     multiplicity,
     weighted_value_counts,
 )
+from dataguard.tally import Tally
 
 REASON_RESAMPLED_OUT = "drift_resampled_out"
+
+
+_REFERENCE_ATTRS = frozenset({"ref", "reference_rows", "ref_edges", "ref_counts", "ref_range", "ref_cats",
+                              "ref_texts"})
 
 
 class DriftStage(Stage):
@@ -55,6 +61,8 @@ class DriftStage(Stage):
 
     name = "drift"
     needs_fit = True
+    constraints = CONSTRAINTS
+    reasons = {REASON_RESAMPLED_OUT: "drew no copies when the data was resampled towards the reference"}
 
     def __init__(self, *, reference: Any, columns: Sequence[str] = ("prompt_chars",),
                  categorical: Sequence[str] = ("label",), text: bool | str = True, bins: int = 10,
@@ -63,11 +71,16 @@ class DriftStage(Stage):
                  auc_thresholds: Sequence[float] = (0.6, 0.75), mmd_thresholds: Sequence[float] = DEFAULT_MMD_THRESHOLDS,
                  mmd_sample: int = 500, mmd_permutations: int = DEFAULT_PERMUTATIONS, text_sample: int = 1000,
                  correct: str | None = None, target: str | None = None, max_weight: float = 10.0,
-                 weight_column: str | None = None, label_column: str | None = "label", seed: int = 0) -> None:
+                 weight_column: str | None = None, label_column: str | None = "label", seed: int = 0,
+                 backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None) -> None:
         p = check({k: v for k, v in locals().items() if k not in ("self", "reference", "__class__")})
         for key, value in p.items():
             setattr(self, key, value)
-        self._load(reference)
+        self._reference_spec = reference
+        if isinstance(reference, str | Path) or (isinstance(reference, Mapping) and "path" in reference):
+            path = Path(reference["path"] if isinstance(reference, Mapping) else reference).expanduser()
+            if not path.exists():  # the cheap check now; reading waits for prepare()
+                raise StageConfigError(f"reference: no such file or folder: {str(path)!r}", param="reference")
         self._fitted = False
         self.ratios: dict[str, np.ndarray] = {}
         self.cat_ratios: dict[str, dict[Any, float]] = {}
@@ -78,12 +91,23 @@ class DriftStage(Stage):
         self.text_auc: float | None = None
         self.mmd: dict[str, dict[str, Any] | None] = {}  # "features" / "text" -> test result
         self._after: dict[str, Any] | None = None
-        self._rows_resampled_out = 0
-        self._rows_repeated = 0
+
+    def prepare(self) -> None:
+        """Read and reduce the reference (once, in the driver, before any unit runs)."""
+        if "ref" not in self.__dict__:
+            self._load(self._reference_spec)
+            self._reference_spec = None  # the reduced reference is what workers need
+
+    def __getattr__(self, name: str) -> Any:
+        # Used directly from Python (no Pipeline), the reference is read on first use.
+        if name in _REFERENCE_ATTRS and "_reference_spec" in self.__dict__:
+            self.prepare()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _load(self, reference: Any) -> None:
-        if reference is None or not isinstance(reference, pa.Table | str | Path | Mapping):
-            raise StageConfigError(f"reference must be a path, an input mapping or a table, got {type(reference).__name__}")
+        if reference is None:
+            raise StageConfigError("reference: required (a path, an input mapping or a table)", param="reference")
         try:
             ref = load_reference(reference)
             self.ref = reduce_reference(ref, self.columns, self.categorical, self.text, self.bins, self.seed,
@@ -199,33 +223,23 @@ class DriftStage(Stage):
         if rw is not None:
             weights = weights * rw
         reps = multiplicity(kept)
-        stats = {"numeric": {c: bin_counts(numeric_feature(kept, c), self.ref_edges[c], weights) for c in self.columns},
-                 "categorical": {c: weighted_value_counts(categories(kept, c), weights) for c in self.categorical},
-                 "labels": weighted_value_counts(categories(kept, label), weights) if label else None,
-                 "resampled_out": int(rejected.num_rows),
-                 "repeated": int((reps > 1).sum()) if reps is not None and self.correct == "resample" else 0}
+        stats = Tally(counts=Counter(resampled_out=int(rejected.num_rows), repeated=int((reps > 1).sum())
+                                     if reps is not None and self.correct == "resample" else 0))
+        for c in self.columns:
+            stats.hist(f"numeric:{c}", bin_counts(numeric_feature(kept, c), self.ref_edges[c], weights))
+        for c in self.categorical:
+            stats.count(f"categorical:{c}", weighted_value_counts(categories(kept, c), weights))
+        if label:
+            stats.count("labels", weighted_value_counts(categories(kept, label), weights))
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
     def absorb(self, stats: Sequence[Any]) -> None:
-        num = {c: np.zeros_like(self.ref_counts[c]) for c in self.columns}
-        cat: dict[str, Counter] = {c: Counter() for c in self.categorical}
-        labels: Counter | None = None
-        out = dup = 0
-        for s in stats:
-            if not s:
-                continue
-            for c in self.columns:
-                num[c] = num[c] + s["numeric"][c]
-            for c in self.categorical:
-                cat[c].update(s["categorical"][c])
-            if s.get("labels") is not None:
-                labels = labels if labels is not None else Counter()
-                labels.update(s["labels"])
-            out += s["resampled_out"]
-            dup += s["repeated"]
-        self._after = {"numeric": num, "categorical": cat, "labels": labels}
-        self._rows_resampled_out = out
-        self._rows_repeated = dup
+        super().absorb(stats)
+        t = self.tally  # from now on `_after` describes what apply emitted
+        self._after = {"numeric": {c: np.zeros_like(self.ref_counts[c]) + t.hists.get(f"numeric:{c}", 0)
+                                   for c in self.columns},
+                       "categorical": {c: t.counters.get(f"categorical:{c}", Counter()) for c in self.categorical},
+                       "labels": t.counters.get("labels")}
 
     # -- results ----------------------------------------------------------------------------
     def psi_after(self) -> dict[str, float]:

@@ -11,6 +11,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.params import (
+    OPTIONAL_NAME,
+    SOURCES,
+    Flag,
+    Interval,
+    ListOf,
+    MapOf,
+    Options,
+    Satisfies,
+)
 from dataguard.records import ROLES, reject_rows, set_column
 from dataguard.references import DEFAULT_REFERENCES, ReferenceError, ReferenceSpec, parse_specs
 from dataguard.stage import Outcome, Stage, StageConfigError
@@ -27,16 +37,8 @@ MODES = ("token", "word")
 ACTIONS = ("flag", "drop", "mask")
 
 
-def _fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) <= 1.0:
-        raise StageConfigError(f"{name}: must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _small_int(name: str, value: Any, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise StageConfigError(f"{name}: must be an integer in {lo}..{hi}, got {value!r}")
-    return value
+_SHARE = [Interval(float, 0, 1, closed="right")]
+_REFERENCE = Satisfies(lambda v: isinstance(v, str | Mapping), "a reference set name or {name, path, fields, ...}")
 
 
 class OverlapStage(Stage):
@@ -44,6 +46,23 @@ class OverlapStage(Stage):
 
     name = "overlap"
     needs_fit = True
+    constraints = {
+        "references": [ListOf(_REFERENCE), _REFERENCE],
+        "validation_sources": SOURCES,
+        "n": [Interval(int, 8, 50)],
+        "mode": [Options(*MODES)],
+        "tokenizer": OPTIONAL_NAME,
+        "threshold": _SHARE,
+        "ref_threshold": _SHARE,
+        "action": [Options(*ACTIONS)],
+        "normalize": [Flag(), MapOf(Options(*NormalizeConfig.__dataclass_fields__), Flag()),
+                      Satisfies(lambda v: isinstance(v, NormalizeConfig), "a NormalizeConfig"), None],
+        "roles": [ListOf(Options(*ROLES), min_len=1), Options(*ROLES)],
+        "near_duplicate": _SHARE,
+        "max_examples": [Interval(int, 0, 50)],
+        "exact_min_tokens": [Interval(int, 1, 1000)],
+    }
+    reasons = {REASON: "shares n-grams (or is an exact copy) with a validation row or a benchmark item"}
 
     def __init__(
         self,
@@ -70,42 +89,32 @@ class OverlapStage(Stage):
             raise StageConfigError(f"references: {exc}") from exc
         if isinstance(validation_sources, str):
             validation_sources = [validation_sources]
-        if not all(isinstance(s, str) and s for s in validation_sources):
-            raise StageConfigError("validation_sources: must be a list of input (source) names")
         if VALIDATION_SET in {r.name for r in self.references}:
             raise StageConfigError(f"references: the name {VALIDATION_SET!r} is reserved for the validation split")
         if not self.references and not validation_sources:
             raise StageConfigError("references: give at least one reference set or validation_sources")
-        self.n = _small_int("n", n, 8, 50)
+        self.n = n
         # a benchmark item of a few tokens ("true.", "Who are you?") is ordinary text in chat
         # data: whole-sequence copies count only from this length (validation rows: any length)
-        self.exact_min_tokens = _small_int("exact_min_tokens", exact_min_tokens, 1, 1000)
-        if mode not in MODES:
-            raise StageConfigError(f"mode: must be one of {MODES}, got {mode!r}")
-        if tokenizer is not None and not isinstance(tokenizer, str):
-            raise StageConfigError(f"tokenizer: must be a name or a path, got {tokenizer!r}")
+        self.exact_min_tokens = exact_min_tokens
         try:
             check_tokenizer_spec(tokenizer)  # fail here, not in a worker
         except ValueError as exc:
             raise StageConfigError(str(exc), param="tokenizer") from None
-        self.threshold = _fraction("threshold", threshold)
-        self.ref_threshold = _fraction("ref_threshold", ref_threshold)
-        self.near_duplicate = _fraction("near_duplicate", near_duplicate)
-        if action not in ACTIONS:
-            raise StageConfigError(f"action: must be one of {ACTIONS}, got {action!r}")
+        self.threshold = float(threshold)
+        self.ref_threshold = float(ref_threshold)
+        self.near_duplicate = float(near_duplicate)
         try:
             self.norm = NormalizeConfig.from_param(normalize)
         except ValueError as exc:
-            raise StageConfigError(f"normalize: {exc}") from exc
+            raise StageConfigError(f"normalize: {exc}", param="normalize") from exc
         if self.norm.punctuation and not isinstance(normalize, NormalizeConfig) and not (
                 isinstance(normalize, Mapping) and "intraword" in normalize):
             # folding punctuation here also means deleting it inside words, so that
             # "Zacks" / "3/5" -> "35" / "10foot" edits of a copy still match (opt out: intraword: false)
             self.norm = replace(self.norm, intraword=True)
         roles = [roles] if isinstance(roles, str) else list(roles)
-        if not roles or [r for r in roles if r not in ROLES]:
-            raise StageConfigError(f"roles: must be a non-empty subset of {ROLES}, got {roles!r}")
-        self.max_examples = _small_int("max_examples", max_examples, 0, 50)
+        self.max_examples = max_examples
         self.validation_sources = tuple(validation_sources)
         self.mode, self.action = mode, action
         self.roles = tuple(roles)

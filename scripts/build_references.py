@@ -1,10 +1,11 @@
-"""Rebuild the shipped reference sets from the public copies in ``../shared/data``.
+"""Rebuild the shipped reference sets (``dataguard/references/*.jsonl.gz``) from public copies.
 
-    python -m dataguard.references.build /path/to/shared/data
+    python scripts/build_references.py /path/to/shared/data
 
 Keeps only the text fields that matter for contamination (the prompt the model is
 evaluated on and the gold answer), one JSON object per line, gzip-compressed with a fixed
-mtime so the files are byte-reproducible. Provenance is in SOURCE.md next to the files.
+mtime so the files are byte-reproducible. Provenance is in dataguard/references/SOURCE.md,
+next to the files. A maintainer's tool, not part of the installed package.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parent.parent
+HERE = REPO / "dataguard" / "references"
 
 
 def _jsonl(path: Path) -> Iterator[dict]:
@@ -78,7 +80,7 @@ def write(name: str, rows: Iterator[dict]) -> Path:
 
 
 def main(argv: list[str]) -> None:
-    root = Path(argv[0] if argv else HERE.parents[2] / "shared" / "data")
+    root = Path(argv[0] if argv else REPO.parent / "shared" / "data")
     for name, fn in BUILDERS.items():
         path = write(name, fn(root))
         print(f"{path.name}: {path.stat().st_size:,} bytes")

@@ -1,0 +1,110 @@
+"""`dataguard train`, `dataguard train-report` and `dataguard convert`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dataguard.cli_common import EXIT_FAILED, CliError, check_output
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from dataguard.config import ConfigError
+    from dataguard.train.config import load_train_config
+
+    overrides: dict[str, Any] = {}
+    if args.output:
+        overrides["output"] = args.output
+    if args.max_steps:
+        overrides["max_steps"] = args.max_steps
+    source: Any = args.config
+    if Path(args.config).is_dir():  # `dataguard train --resume RUN`: the settings saved with the run
+        source = _run_settings(Path(args.config), args.resume)
+        overrides.setdefault("output", args.config)
+    try:
+        cfg = load_train_config(source, overrides=overrides or None)
+    except ConfigError as exc:
+        raise CliError(f"config error: {exc}") from None
+    check_output(Path(cfg.output))
+    from dataguard.train.loop import Trainer
+
+    trainer = Trainer(cfg, progress=not args.quiet and sys.stderr.isatty(), echo=print)
+    import warnings
+
+    def one_line(message: Any, category: Any, *_: Any, **__: Any) -> None:
+        if issubclass(category, UserWarning) and not issubclass(category, FutureWarning | DeprecationWarning):
+            print(f"dataguard: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            result = trainer.fit(resume=args.resume)
+    except _train_errors() as exc:
+        if (Path(cfg.output) / "metrics.jsonl").is_file():  # a stopped run's page says why
+            with contextlib.suppress(CliError):
+                print(f"report:     {_build_training_report(Path(cfg.output))}")  # stderr stays one line
+        raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
+    last = f"  loss {result.final_loss:.4f}" if result.final_loss is not None else ""
+    print(f"steps {result.steps}/{result.total_steps}{last}  skipped {result.skipped_steps}"
+          f"{'  (early stop)' if result.stopped_early else ''}")
+    if result.last_eval:
+        print("eval:       " + "  ".join(f"{k} {v:.4f}" for k, v in result.last_eval.items()))
+    print(f"checkpoint: {result.checkpoint}")
+    print(f"metrics:    {Path(cfg.output) / 'metrics.jsonl'}")
+    print(f"report:     {_build_training_report(Path(cfg.output))}")
+    return 0
+
+
+def _build_training_report(run: Path, html: Path | None = None) -> Path:
+    from dataguard.train.report import ReportInputError, build_training_report
+
+    try:
+        return build_training_report(run, html)
+    except (ReportInputError, OSError, ValueError) as exc:  # OutputFolderError is a ValueError
+        raise CliError(f"could not build the training report: {exc}", EXIT_FAILED) from None
+
+
+def train_report_command(args: argparse.Namespace) -> int:
+    print(f"report: {_build_training_report(Path(args.run), Path(args.html) if args.html else None)}")
+    return 0
+
+
+def _run_settings(run: Path, resume: bool) -> dict[str, Any]:
+    from dataguard.train.checkpoint import latest_checkpoint
+
+    if not resume:
+        raise CliError(f"{run} is a folder: pass a config file, or --resume to continue that run")
+    latest = latest_checkpoint(run)
+    if latest is None:
+        raise CliError(f"{run}: no complete checkpoint to resume from")
+    try:
+        settings = json.loads((latest / "state.json").read_text())["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CliError(f"{latest}: unreadable state.json ({exc})", EXIT_FAILED) from None
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def _train_errors() -> tuple[type[Exception], ...]:
+    from dataguard.train.checkpoint import CheckpointError
+    from dataguard.train.convert import ConvertError
+    from dataguard.train.data import TrainDataError
+    from dataguard.train.loop import TrainError
+    from dataguard.train.model import ModelError
+    from dataguard.train.sampler import SamplerError
+
+    return (TrainError, TrainDataError, ModelError, CheckpointError, ConvertError, SamplerError)
+
+
+def convert_command(args: argparse.Namespace) -> int:
+    from dataguard.train.convert import convert_checkpoint
+
+    try:
+        out = convert_checkpoint(args.source, args.out)
+    except _train_errors() as exc:
+        raise CliError(f"convert failed: {exc}", EXIT_FAILED) from None
+    print(f"model: {out}")
+    return 0

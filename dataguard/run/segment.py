@@ -1,0 +1,196 @@
+"""Plan fused segments, and run one segment's ops on one unit: the only place that knows the ops.
+
+A run is a list of *steps*: step 0 is the source adapter (the normalizer), which turns a
+raw input batch into canonical rows; the stages follow. Consecutive row-local work is
+fused into one segment that a worker runs on one unit (a batch of input rows) without
+touching disk in between. A stage that needs global statistics ends a segment: its
+``score`` and ``summarize`` run at the end of one segment, the driver calls ``fit`` on all
+summaries, and its ``apply`` opens the next segment.
+
+The ops, in the order a segment lists them:
+
+* ``source`` - the source adapter's ``normalize(raw_batch, options) -> Outcome``;
+* ``score`` - ``Stage.score(table)``: adds columns;
+* ``summarize`` - ``Stage.summarize(table)``: the unit's fit summary (one per segment);
+* ``apply`` - ``Stage.apply(table) -> Outcome``: kept and rejected rows, batch stats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import pyarrow as pa
+
+from dataguard.executors.process import one_math_thread
+from dataguard.io.json_readers import LineSplit
+from dataguard.io.raw import RawBatch, SourceOptions
+from dataguard.run.workdir import UnitFiles
+from dataguard.stage import Outcome, Stage
+
+SOURCE, SCORE, SUMMARIZE, APPLY = "source", "score", "summarize", "apply"
+Op = tuple[str, int]  # (op, step index)
+
+
+class SourceAdapter(Protocol):
+    """What step 0 of a run provides: raw input records -> canonical rows and rejects."""
+
+    name: str
+
+    def normalize(self, batch: RawBatch, options: SourceOptions) -> Outcome: ...
+
+
+@dataclass
+class Segment:
+    """Fused row-local work; ``ops`` are (op, step index); ``fit_step`` is fitted after it."""
+
+    index: int
+    ops: list[Op]
+    fit_step: int | None = None
+
+
+def plan_segments(steps: Sequence[Stage]) -> list[Segment]:
+    """Split the steps (source adapter first, then the stages) at each stage that needs a fit."""
+    segments: list[Segment] = []
+    ops: list[Op] = [(SOURCE, 0)]
+    for i, stage in enumerate(steps[1:], start=1):
+        ops.append((SCORE, i))
+        if stage.needs_fit:
+            ops.append((SUMMARIZE, i))
+            segments.append(Segment(index=len(segments), ops=ops, fit_step=i))
+            ops = [(APPLY, i)]
+        else:
+            ops.append((APPLY, i))
+    segments.append(Segment(index=len(segments), ops=ops))
+    return segments
+
+
+def step_key(index: int, steps: Sequence[Stage]) -> str:
+    """Key of a step in counts and timings: '00-normalize', '01-dedup', ... (names may repeat)."""
+    return f"{index:02d}-{steps[index].name}"
+
+
+@dataclass
+class SegmentWork:
+    """What a worker needs to run a segment: every step (fitted so far) and the ops."""
+
+    steps: list[Stage]
+    ops: list[Op]
+
+
+@dataclass
+class UnitTask:
+    """One unit of one segment, and where this segment's results go. What it reads: when
+    the segment starts with ``source``, a `LineSplit` (a byte range of a JSON-lines file the
+    worker reads itself) or a raw batch the driver read; else the previous segment's files."""
+
+    unit: int
+    source: str
+    out: UnitFiles
+    raw: RawBatch | None = None
+    options: SourceOptions | None = None
+    previous: UnitFiles | None = None
+    split: LineSplit | None = None
+
+
+class SideTask(Protocol):
+    """Work an executor runs that is not a unit (e.g. `dataguard.run.splits.IndexTask`)."""
+
+    def run(self) -> dict[str, Any]: ...
+
+
+def run_task(work: SegmentWork | None, task: UnitTask | SideTask) -> dict[str, Any]:
+    """What executors call: a unit of the segment ``work``, or a side task on its own."""
+    if isinstance(task, UnitTask):
+        if work is None:
+            raise ValueError("a unit task needs the segment's work")
+        return run_unit(work, task)
+    return task.run()
+
+
+def run_unit(work: SegmentWork, task: UnitTask) -> dict[str, Any]:
+    """Run the segment's ops on one unit, with one math thread (same floats wherever it
+    runs), and write its results; returns the unit's meta as the work folder stores it."""
+    with one_math_thread():
+        return _UnitRun(work, task).run()
+
+
+class _UnitRun:
+    """The bookkeeping of one unit: per-step counts, stats and seconds, rejected rows."""
+
+    def __init__(self, work: SegmentWork, task: UnitTask) -> None:
+        self.steps, self.ops, self.task = work.steps, work.ops, task
+        self.counts: dict[str, dict[str, Any]] = {}
+        self.stats: dict[int, Any] = {}
+        self.seconds: dict[str, float] = {}
+        self.rejected: list[pa.Table] = []
+        self.formats: dict[str, int] = {}
+        self.raw = task.raw
+
+    def run(self) -> dict[str, Any]:
+        task = self.task
+        table: pa.Table | None = None
+        summary: Any = None
+        if task.split is not None:  # read here, in the worker: the driver never holds these rows
+            start = time.perf_counter()
+            self.raw = task.split.read(task.source)
+            self.seconds[step_key(0, self.steps)] = time.perf_counter() - start
+        if self.raw is not None:
+            rows_in = len(self.raw)
+        elif task.previous is not None:
+            table = task.previous.read_kept()
+            rows_in = table.num_rows
+        else:
+            raise ValueError(f"unit {task.unit} has neither raw input nor a previous segment's rows")
+        for op, index in self.ops:
+            stage = self.steps[index]
+            key = step_key(index, self.steps)
+            start = time.perf_counter()
+            if op == SOURCE:
+                table = self._source(cast(SourceAdapter, stage), index)
+            elif op == SCORE:
+                table = stage.score(table)
+            elif op == SUMMARIZE:
+                summary = stage.summarize(table)
+            elif op == APPLY:
+                table = self._decide(index, table.num_rows, stage.apply(table))
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
+        assert table is not None, "a segment reads either raw input or a previous unit"
+        meta = {
+            "unit": task.unit, "source": task.source, "rows_in": rows_in, "kept": table.num_rows,
+            "rejected": sum(t.num_rows for t in self.rejected), "counts": self.counts, "stats": self.stats,
+            "summary": summary, "seconds": self.seconds, "formats": self.formats,
+        }
+        return task.out.write(table, self.rejected, meta)
+
+    def _source(self, adapter: SourceAdapter, index: int) -> pa.Table:
+        raw = self.raw
+        if raw is None or self.task.options is None:
+            raise ValueError(f"step {adapter.name!r} reads raw input, but unit {self.task.unit} has none")
+        raw.parse_pending()
+        table = self._decide(index, len(raw), adapter.normalize(raw, self.task.options))
+        if "format" in table.column_names:  # the template each kept row was read as, per input
+            for fmt in table.column("format").to_pylist():
+                self.formats[fmt] = self.formats.get(fmt, 0) + 1
+        return table
+
+    def _decide(self, index: int, rows_in: int, outcome: Outcome) -> pa.Table:
+        """Count a step's decision (rows in = kept + rejected, or the unit fails)."""
+        kept, rej = outcome.kept, outcome.rejected
+        if rows_in != kept.num_rows + rej.num_rows:
+            raise RuntimeError(f"stage {self.steps[index].name!r} lost rows: {rows_in} in, {kept.num_rows} kept, "
+                               f"{rej.num_rows} rejected (unit {self.task.unit})")
+        reasons: dict[str, int] = {}
+        if rej.num_rows:
+            self.steps[index].check_rejected(rej)
+            for reason in rej.column("reason").to_pylist():
+                reasons[reason] = reasons.get(reason, 0) + 1
+            self.rejected.append(rej)
+        self.counts[step_key(index, self.steps)] = {"rows_in": rows_in, "rows_kept": kept.num_rows,
+                                                    "rows_rejected": rej.num_rows, "reasons": reasons}
+        self.stats[index] = outcome.stats
+        return kept

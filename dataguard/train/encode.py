@@ -1,0 +1,223 @@
+"""Rows -> tokenized examples: SFT (loss on assistant tokens only, optional packing) and
+classification (text + class id); `Encoded.collate` pads a micro-batch (right padding,
+attention mask 0 on padding, labels -100 on padding and on every non-assistant token)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from dataguard.records import PROMPT_ROLES
+from dataguard.train.errors import TrainDataError
+from dataguard.train.labels import LabelMap
+from dataguard.train.shards import _ids, row_repeat, row_weights
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Encoded:
+    """Tokenized rows ready for batching (one entry per kept row, or per pack)."""
+
+    input_ids: list[list[int]]
+    labels: list[list[int]] | list[int]
+    row_ids: list[str]
+    weights: np.ndarray
+    class_ids: np.ndarray | None = None
+    repeat: np.ndarray | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+    packed_rows: list[list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeat is None:
+            self.repeat = np.ones(len(self.input_ids), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def task(self) -> str:
+        return "sft" if self.labels and isinstance(self.labels[0], list) else "classify"
+
+    def n_tokens(self, indices: Sequence[int] | None = None) -> int:
+        idx = range(len(self)) if indices is None else indices
+        return sum(len(self.input_ids[i]) for i in idx)
+
+    def collate(self, indices: Sequence[int], pad_id: int,
+                multipliers: Sequence[float] | np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """Right-padded tensors for rows ``indices``: input_ids, attention_mask (0 on padding),
+        labels (-100 on padding for SFT) and sample_weight (= weight x curriculum multiplier)."""
+        idx = list(indices)
+        if not idx:
+            raise ValueError("collate needs at least one row")
+        width = max(len(self.input_ids[i]) for i in idx)
+        ids = torch.full((len(idx), width), int(pad_id), dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        sft = self.task == "sft"
+        labels = torch.full((len(idx), width), IGNORE_INDEX, dtype=torch.long) if sft else None
+        for r, i in enumerate(idx):
+            seq = self.input_ids[i]
+            ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[r, : len(seq)] = 1
+            if labels is not None:
+                labels[r, : len(seq)] = torch.tensor(self.labels[i], dtype=torch.long)
+        if not sft:
+            labels = torch.tensor([self.labels[i] for i in idx], dtype=torch.long)
+        w = self.weights[idx].astype(np.float64)
+        if multipliers is not None:
+            w = w * np.asarray(multipliers, dtype=np.float64)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                "sample_weight": torch.tensor(w, dtype=torch.float32)}
+
+
+def _messages(row: Any) -> list[dict[str, str]]:
+    return [{"role": str(m["role"]), "content": "" if m["content"] is None else str(m["content"])}
+            for m in (row or [])]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_char_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and, per assistant message, the character span it adds:
+    from the end of the prefix rendered with the generation prompt to the end of the prefix
+    that includes the message (so the end-of-turn marker is trained too). Raises ValueError
+    when the template does not render prefixes as prefixes of the whole."""
+    full = _render(tokenizer, messages)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start_text = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
+        end_text = _render(tokenizer, messages[: i + 1])
+        if not full.startswith(start_text) or not full.startswith(end_text) or len(end_text) < len(start_text):
+            raise ValueError("chat template is not prefix-stable")
+        spans.append((len(start_text), len(end_text)))
+    return full, spans
+
+
+def _token_labels(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` and labels: the id inside an assistant span, else -100."""
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        labels = []
+        for tok, (s, e) in zip(ids, enc["offset_mapping"], strict=True):
+            inside = any(a <= s < b for a, b in spans) and e > s
+            labels.append(tok if inside else IGNORE_INDEX)
+        return ids, labels
+    # slow tokenizer: token counts of the span boundaries' prefixes
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    labels = [IGNORE_INDEX] * len(ids)
+    for a, b in spans:
+        ta = len(tokenizer(text[:a], add_special_tokens=False)["input_ids"])
+        tb = len(tokenizer(text[:b], add_special_tokens=False)["input_ids"])
+        for t in range(ta, min(tb, len(ids))):
+            labels[t] = ids[t]
+    return ids, labels
+
+
+def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
+               packing: bool = False) -> Encoded:
+    """Rows' ``messages`` -> token ids with the tokenizer's own chat template; loss only on
+    assistant tokens; the start is kept when a row is longer than ``max_length``. Rows left
+    without an assistant token are dropped and counted in ``Encoded.dropped``."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TrainDataError("the tokenizer has no chat template; SFT needs one to render conversations")
+    weights, repeat, ids_all = row_weights(table), row_repeat(table), _ids(table)
+    dropped: Counter[str] = Counter()
+    out_ids: list[list[int]] = []
+    out_labels: list[list[int]] = []
+    keep: list[int] = []
+    for i, row in enumerate(table.column("messages").to_pylist()):
+        messages = _messages(row)
+        if not any(m["role"] == "assistant" for m in messages):
+            dropped["no_assistant_message"] += 1
+            continue
+        try:
+            text, spans = assistant_char_spans(tokenizer, messages)
+        except ValueError:
+            dropped["template_not_prefix_stable"] += 1
+            continue
+        ids, labels = _token_labels(tokenizer, text, spans)
+        if max_length is not None and len(ids) > max_length:
+            ids, labels = ids[:max_length], labels[:max_length]
+        if all(x == IGNORE_INDEX for x in labels[1:]):  # label 0 is never predicted (shift by one)
+            dropped["no_assistant_tokens_after_truncation"] += 1
+            continue
+        out_ids.append(ids)
+        out_labels.append(labels)
+        keep.append(i)
+    if not keep:
+        raise TrainDataError(f"no SFT row left to train on (dropped: {dict(dropped)})")
+    enc = Encoded(input_ids=out_ids, labels=out_labels, row_ids=[ids_all[i] for i in keep],
+                  weights=weights[keep], repeat=repeat[keep], dropped=dict(dropped))
+    return pack(enc, max_length) if packing else enc
+
+
+def pack(enc: Encoded, max_length: int | None) -> Encoded:
+    """Greedy in-order packing: rows (expanded by repeat) are concatenated while the pack
+    stays within ``max_length``. A pack's weight is the mean of its rows' weights."""
+    if max_length is None:
+        raise TrainDataError("packing needs max_length (or a length stage cap in the manifest)")
+    order = np.repeat(np.arange(len(enc)), enc.repeat)
+    packs: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i in order.tolist():
+        n = len(enc.input_ids[i])
+        if current and size + n > max_length:
+            packs.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        packs.append(current)
+    return Encoded(
+        input_ids=[[t for i in p for t in enc.input_ids[i]] for p in packs],
+        labels=[[t for i in p for t in enc.labels[i]] for p in packs],  # type: ignore[misc]
+        row_ids=["+".join(enc.row_ids[i] for i in p) for p in packs],
+        weights=np.array([float(np.mean(enc.weights[p])) for p in packs], dtype=np.float64),
+        repeat=np.ones(len(packs), dtype=np.int64), dropped=dict(enc.dropped),
+        packed_rows=[[enc.row_ids[i] for i in p] for p in packs])
+
+
+def classify_text(messages: list[dict[str, str]]) -> str:
+    """The text a classifier sees: the prompt side's contents (``PROMPT_ROLES``), one per line."""
+    return "\n".join(m["content"] for m in messages if m["role"] in PROMPT_ROLES)
+
+
+def encode_classify(table: pa.Table, tokenizer: Any, label_map: LabelMap, max_length: int | None,
+                    label_column: str = "label") -> Encoded:
+    """Rows -> token ids of their text and the class id of their label. Rows without a
+    label, or with a label the map does not know, are dropped and counted."""
+    if max_length is None:
+        max_length = min(int(getattr(tokenizer, "model_max_length", 512) or 512), 512)
+    weights, repeat, ids_all = row_weights(table), row_repeat(table), _ids(table)
+    labels = table.column(label_column).to_pylist() if label_column in table.column_names else [None] * len(ids_all)
+    dropped: Counter[str] = Counter()
+    keep, texts, cls = [], [], []
+    for i, (row, label) in enumerate(zip(table.column("messages").to_pylist(), labels, strict=True)):
+        if label is None:
+            dropped["no_label"] += 1
+            continue
+        if str(label) not in label_map.classes:
+            dropped["unknown_label"] += 1
+            continue
+        keep.append(i)
+        texts.append(classify_text(_messages(row)))
+        cls.append(label_map.id(str(label)))
+    if not keep:
+        raise TrainDataError(f"no labelled row left to train on (dropped: {dict(dropped)})")
+    enc = tokenizer(texts, truncation=True, max_length=max_length, padding=False)
+    class_ids = np.asarray(cls, dtype=np.int64)
+    return Encoded(input_ids=[list(x) for x in enc["input_ids"]], labels=class_ids.tolist(),
+                   row_ids=[ids_all[i] for i in keep], weights=weights[keep], class_ids=class_ids,
+                   repeat=repeat[keep], dropped=dict(dropped))

@@ -1,0 +1,162 @@
+"""Reading a run for training: the manifest, the kept rows (sha256 checked), the row weights.
+
+`RunShards.open(folder)` reads ``manifest.json`` and the data shards it lists;
+`row_weights` / `row_repeat` apply and check THE WEIGHT RULE (see `dataguard.train.data`);
+`length_cap` finds the length stage's cap and `tokenizer_mismatch` warns when another
+tokenizer counted it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dataguard.io.readers import file_sha256
+from dataguard.io.writer import read_table
+from dataguard.train.errors import TrainDataError
+
+WEIGHT_COLUMNS = ("sample_weight", "drift_weight")
+REPEAT_COLUMN = "repeat"
+
+
+@dataclass
+class RunShards:
+    """A pipeline's output folder, loaded: its manifest and the kept rows as one table."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    table: pa.Table
+
+    @property
+    def training(self) -> dict[str, Any]:
+        """The manifest's ``training`` section (per stage: priors, offsets, curriculum...)."""
+        return self.manifest.get("training") or {}
+
+    @property
+    def ids(self) -> list[str]:
+        return [str(i) for i in self.table.column("id").to_pylist()]
+
+    @classmethod
+    def open(cls, folder: str | Path, task: str | None = None) -> RunShards:
+        """Load and check a run folder. ``task`` ("sft" / "classify") adds the task's column
+        checks (messages with an assistant turn / labels)."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise TrainDataError(f"{folder}: no such run folder (run the pipeline first: dataguard run CONFIG)")
+        path = folder / "manifest.json"
+        if not path.is_file():
+            raise TrainDataError(f"{folder}: no manifest.json; not a finished pipeline run "
+                                 "(an interrupted run writes none)")
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TrainDataError(f"{path}: unreadable manifest: {exc}") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict):
+            raise TrainDataError(f"{path}: not a dataguard manifest (no outputs section)")
+        counts = manifest.get("counts") or {}
+        if counts.get("balanced") is False:
+            raise TrainDataError(f"{path}: the run is unbalanced (rows in != kept + rejected); "
+                                 "its outputs are not trustworthy, rerun the pipeline")
+        shards = manifest["outputs"].get("data")
+        if not isinstance(shards, list) or not shards:
+            raise TrainDataError(f"{path}: lists no data shards")
+        tables = []
+        for entry in shards:
+            shard = folder / str(entry.get("path", ""))
+            if not shard.is_file():
+                raise TrainDataError(f"{shard}: data shard listed in the manifest is missing")
+            if entry.get("sha256") and file_sha256(shard) != entry["sha256"]:
+                raise TrainDataError(f"{shard}: sha256 does not match the manifest (file changed or corrupt)")
+            try:
+                tables.append(read_table(shard))
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise TrainDataError(f"{shard}: unreadable Arrow shard: {exc}") from None
+        try:
+            table = pa.concat_tables(tables, promote_options="default")
+        except pa.ArrowInvalid as exc:
+            raise TrainDataError(f"{folder}: shards have incompatible schemas: {exc}") from None
+        if table.num_rows == 0:
+            raise TrainDataError(f"{folder}: the run kept no rows; nothing to train on")
+        for column in ("id", "messages"):
+            if column not in table.column_names:
+                raise TrainDataError(f"{folder}: the shards have no {column!r} column")
+        run = cls(folder=folder, manifest=manifest, table=table)
+        row_weights(table)  # the weight rule's checks, at load
+        row_repeat(table)
+        if task == "classify":
+            if "label" not in table.column_names or table.column("label").null_count == table.num_rows:
+                raise TrainDataError(f"{folder}: task classify needs a 'label' column with values "
+                                     "(input format labelled_text, or aliases: {{your_column: label}})")
+        elif task is not None and task != "sft":
+            raise TrainDataError(f"unknown task {task!r}")
+        return run
+
+
+def _ids(table: pa.Table) -> list[str]:
+    return [str(i) for i in table.column("id").to_pylist()]
+
+
+def row_weights(table: pa.Table) -> np.ndarray:
+    """Base weight per row = sample_weight x drift_weight (null -> 1). See THE WEIGHT RULE."""
+    w = np.ones(table.num_rows, dtype=np.float64)
+    for name in WEIGHT_COLUMNS:
+        if name not in table.column_names:
+            continue
+        col = np.asarray(table.column(name).cast(pa.float64()).fill_null(1.0).to_numpy(), dtype=np.float64)
+        bad = ~np.isfinite(col) | (col < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise TrainDataError(f"row {_ids(table)[i]!r}: {name} = {col[i]} (must be a finite number >= 0; "
+                                 f"{int(bad.sum())} such rows)")
+        w *= col
+    return w
+
+
+def row_repeat(table: pa.Table) -> np.ndarray:
+    """Draws per epoch per row (``repeat``; null -> 1). See THE WEIGHT RULE."""
+    if REPEAT_COLUMN not in table.column_names:
+        return np.ones(table.num_rows, dtype=np.int64)
+    col = np.asarray(table.column(REPEAT_COLUMN).cast(pa.float64()).fill_null(1.0).to_numpy(), dtype=np.float64)
+    bad = ~np.isfinite(col) | (col < 0) | (col != np.round(col))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TrainDataError(f"row {_ids(table)[i]!r}: repeat = {col[i]} (must be an integer >= 0)")
+    return col.astype(np.int64)
+
+
+def length_cap(manifest: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(cap, tokenizer that counted it) of the run's length stage, or (None, None).
+
+    Read from ``training.length`` when the pipeline writes one, else from the length stage's
+    description summary (the last length stage wins: it is the cap the rows were cut to)."""
+    section = (manifest.get("training") or {}).get("length")
+    if isinstance(section, dict) and section.get("cap") is not None:
+        return int(section["cap"]), section.get("tokenizer")
+    found: tuple[int | None, str | None] = (None, None)
+    for stage in manifest.get("stages") or []:
+        if stage.get("name") != "length":
+            continue
+        summary = (stage.get("description") or {}).get("summary") or {}
+        if summary.get("cap") is not None:
+            found = (int(summary["cap"]), summary.get("tokenizer"))
+    return found
+
+
+def tokenizer_mismatch(counted_by: str | None, tokenizer: Any) -> str | None:
+    """A warning when the tokenizer that counted the length cap is not the model's (the cap
+    is then only approximate), else None."""
+    if not counted_by:
+        return None
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    a, b = counted_by.lower().rstrip("/"), name.lower().rstrip("/")
+    same = bool(b) and (a == b or Path(a).name == Path(b).name or (not Path(a).exists() and a in b))
+    if same:
+        return None
+    return (f"the length cap was counted with tokenizer {counted_by!r} but the model's tokenizer is "
+            f"{name or type(tokenizer).__name__!r}; max_length is approximate (set max_length, or run the "
+            "length stage with this model's tokenizer)")

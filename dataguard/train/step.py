@@ -1,0 +1,129 @@
+"""One optimizer step of the loop, and what is recorded about it.
+
+`optimizer_step` applies (or skips) the step of accumulated, clipped gradients with the
+lr damping / back-off / spike of this step only; `metrics_record` is the step's line of
+``metrics.jsonl``; `guard_after_step` closes a recovery and takes the guard's snapshots;
+`update_best` tracks the best evaluation for early stopping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dataguard.train.data import Encoded
+from dataguard.train.guard import Verdict
+from dataguard.train.optim import GradVarianceScaler
+
+
+def across_processes(accelerator: Any, mean_loss: float, tokens: int, device: Any) -> tuple[float, int]:
+    """(mean of the processes' losses, total tokens): with equal slices and uniform weights
+    the mean of the slice losses is the batch's loss, so a run logs what one process would."""
+    both = accelerator.reduce(torch.tensor([mean_loss, float(tokens)], dtype=torch.float64, device=device), "sum")
+    return float(both[0]) / accelerator.num_processes, int(both[1])
+
+
+@dataclass
+class ClipSettings:
+    """The clipping settings of one step (the guard tightens ``max_grad_norm`` while recovering)."""
+
+    clip_rules: Any
+    max_grad_norm: float
+
+
+def row_ids(enc: Encoded, idx: list[int]) -> list[str]:
+    """The data row ids of a micro-batch (every row of a pack)."""
+    if enc.packed_rows is not None:
+        return [r for i in idx for r in enc.packed_rows[i]]
+    return [enc.row_ids[i] for i in idx]
+
+
+def lr_groups(optimizer: Any) -> dict[str, float]:
+    """The lr each kind of parameter group used (first group of a kind)."""
+    out: dict[str, float] = {}
+    for g in optimizer.param_groups:
+        out.setdefault(str(g.get("kind", "all")), float(g["lr"]))
+    return out
+
+
+def optimizer_step(accelerator: Any, optimizer: Any, scheduler: Any, scaler: Any, clip: Any, verdict: Verdict,
+                    mean_loss: float, gvs: GradVarianceScaler | None, guard: Any, lr_spike: float,
+                    monitor: Any) -> tuple[bool, float, dict[str, float], dict[str, float] | None]:
+    """Apply (or skip) the optimizer step of accumulated, clipped gradients; returns (applied,
+    base lr used, lr per group kind, update ratios when ``monitor`` is given). The lr damping /
+    back-off / spike is for this step only; the scheduler steps only for an applied step."""
+    ratios = None
+    first = optimizer.param_groups[0]
+    if (not clip.finite and scaler is None) or verdict.skip:
+        applied = False  # never let a non-finite gradient (or a spike) reach the weights
+        if scaler is not None and clip.finite:
+            scaler.update()  # unscale_ was called: close this step for the scaler
+        lr = first["lr"] / (first.get("lr_mult") or 1.0)
+        groups = lr_groups(optimizer)
+    else:
+        scheduled = [g["lr"] for g in optimizer.param_groups]
+        factor = 1.0
+        if gvs is not None and clip.finite:
+            factor = gvs.update(clip.total_norm)
+        factor = factor * (guard.lr_scale if guard is not None else 1.0) * lr_spike
+        if factor != 1.0:
+            for g in optimizer.param_groups:
+                g["lr"] *= factor
+        if monitor is not None:
+            monitor.begin_update()
+        optimizer.step()  # with a scaler, a non-finite step is skipped inside
+        applied = clip.finite and not accelerator.optimizer_step_was_skipped
+        if monitor is not None:
+            ratios = monitor.update_ratios()
+        lr = first["lr"] / (first.get("lr_mult") or 1.0)  # the base lr (x1.0) used
+        groups = lr_groups(optimizer)
+        if factor != 1.0:  # the damping / back-off is for this step only
+            for g, value in zip(optimizer.param_groups, scheduled, strict=True):
+                g["lr"] = value
+    if applied:
+        scheduler.step()
+        if guard is not None:
+            guard.accept(mean_loss, clip.total_norm)
+    optimizer.zero_grad(set_to_none=True)
+    return applied, lr, groups, ratios
+
+
+def metrics_record(step: int, mean_loss: float, lr: float, clip: Any, applied: bool, tokens: int, seconds: float,
+                   phase: int, scaler: Any, groups: dict[str, float], stats: dict[str, Any] | None,
+                   ratios: dict[str, float] | None) -> dict[str, Any]:
+    """The step's metrics line (per-layer statistics on monitored steps)."""
+    record = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": clip.total_norm,
+              "clipped": clip.clipped, "skipped": not applied, "tokens": tokens,
+              "tokens_per_s": tokens / max(seconds, 1e-9), "phase": phase,
+              "amp_scale": float(scaler.get_scale()) if scaler is not None else None, "lr_groups": groups}
+    if scaler is not None:
+        record["loss_scale"] = float(scaler.get_scale())
+    if stats is not None:
+        record.update(stats)
+        record["update_ratios"] = ratios or {}
+    return record
+
+
+def guard_after_step(guard: Any, step: int, applied: bool, verdict: Verdict, max_grad_norm: float, events: Any,
+                     lr: float, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
+    """The end of a recovery window (an event) and the guard's periodic in-memory snapshot."""
+    if guard is None:
+        return
+    if guard.rollbacks and step == guard.recover_until:
+        events.add(step, "recovered", "recovery_end", f"clip back to {max_grad_norm:g} after "
+                   f"{guard.k['recovery_steps']} steps; lr scale stays x{guard.lr_scale:g}", lr=lr)
+    if applied and not verdict.anomalies and not verdict.rollback and step % int(guard.k["snapshot_every"]) == 0:
+        guard.take_snapshot(step, model, optimizer, scheduler, scaler)
+
+
+def update_best(best: dict[str, Any], last_eval: dict[str, float], patience: int | None) -> tuple[bool, bool]:
+    """Record an evaluation in ``best`` (metric, bad_evals); (is it the best so far, stop early?)."""
+    is_best = False
+    if best["metric"] is None or last_eval["loss"] < best["metric"]:
+        best.update(metric=last_eval["loss"], bad_evals=0)
+        is_best = True
+    else:
+        best["bad_evals"] += 1
+    return is_best, bool(patience and best["bad_evals"] >= patience)

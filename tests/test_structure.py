@@ -1,0 +1,25 @@
+"""Structure rules CONTRIBUTING.md states, enforced: no import cycles, small modules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_MODULE_LINES = 400
+
+
+def test_no_import_cycles_between_dataguard_modules() -> None:
+    """Counts lazy imports inside functions too: a lazy import hides a cycle, it does not remove it."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "import_cycles.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 import cycle(s)" in done.stdout
+
+
+def test_no_module_over_the_size_limit() -> None:
+    sizes = {str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines())
+             for p in (REPO / "dataguard").rglob("*.py")}
+    assert len(sizes) > 100  # the walk found the package
+    assert {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES} == {}
