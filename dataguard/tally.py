@@ -39,6 +39,7 @@ class Tally:
     examples: dict[str, list[Any]] = field(default_factory=dict)
     caps: dict[str, int] = field(default_factory=dict)
     rank: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    per: dict[str, tuple[str, int]] = field(default_factory=dict)
     lookup: dict[str, dict[Any, Any]] = field(default_factory=dict)
     parts: dict[str, Any] = field(default_factory=dict)
 
@@ -54,14 +55,18 @@ class Tally:
         counts = np.asarray(counts)
         self.hists[name] = self.hists[name] + counts if name in self.hists else counts.copy()
 
-    def keep(self, name: str, items: Iterable[Any], cap: int, rank: str | tuple[str, ...] | None = None) -> None:
+    def keep(self, name: str, items: Iterable[Any], cap: int, rank: str | tuple[str, ...] | None = None,
+             per: tuple[str, int] | None = None) -> None:
         """Keep ``items`` under ``name``: at most ``cap``, the first ones, or with ``rank``
-        (an item key, or several) the ones that sort lowest by it."""
+        (an item key, or several) the ones that sort lowest by it; ``per=(key, n)`` keeps at
+        most ``n`` items for each value of ``item[key]`` (first ones; not with ``rank``)."""
         self.caps[name] = cap
         if rank is not None:
             self.rank[name] = (rank,) if isinstance(rank, str) else tuple(rank)
-        rank = self.rank.get(name)
-        self.examples[name] = _trim(self.examples.get(name, []) + list(items), cap, rank)
+        if per is not None:
+            self.per[name] = per
+        self.examples[name] = _trim(self.examples.get(name, []) + list(items), cap, self.rank.get(name),
+                                    self.per.get(name))
 
     def note(self, name: str, key: Any, value: Any) -> None:
         self.lookup.setdefault(name, {})[key] = value
@@ -94,16 +99,27 @@ class Tally:
                 out.hist(name, h)
             out.caps.update(t.caps)
             out.rank.update(t.rank)
+            out.per.update(t.per)
             for name, items in t.examples.items():
                 merged = out.examples.get(name, []) + list(items)
-                out.examples[name] = _trim(merged, out.caps.get(name, len(merged)), out.rank.get(name))
+                out.examples[name] = _trim(merged, out.caps.get(name, len(merged)), out.rank.get(name),
+                                           out.per.get(name))
             for name, table in t.lookup.items():
                 out.lookup.setdefault(name, {}).update(table)
         out.parts = {name: type(items[0]).merge(items) for name, items in parts.items()}
         return out
 
 
-def _trim(items: list[Any], cap: int, rank: tuple[str, ...] | None) -> list[Any]:
+def _trim(items: list[Any], cap: int, rank: tuple[str, ...] | None, per: tuple[str, int] | None) -> list[Any]:
     if rank is not None:
         items = sorted(items, key=lambda e: tuple(e[k] for k in rank))  # stable: ties keep input order
+    if per is not None:
+        key, most = per
+        seen: Counter[Any] = Counter()
+        kept = []
+        for item in items:
+            if seen[item[key]] < most:
+                seen[item[key]] += 1
+                kept.append(item)
+        items = kept
     return items[:cap]

@@ -20,6 +20,7 @@ from dataguard.stage import StageConfigError
 from dataguard.stages.dedup import DedupStage
 from dataguard.stages.normalize import Normalizer
 from dataguard.stages.normalize_aliases import NestedAlias, parse_alias
+from dataguard.stages.normalize_stats import totals
 
 
 def _batch(records: list[Any]) -> RawBatch:
@@ -46,7 +47,7 @@ def test_list_element_keys_renamed_inside_every_turn(real_data: Path) -> None:
     want = _norm(records)
     got = _norm(nested, {"conversations[].speaker": "from", "conversations[].text": "conversations[].value"})
     assert got.kept.equals(want.kept) and got.rejected.num_rows == want.rejected.num_rows == 0
-    assert got.stats["aliases"] == {"conversations[].speaker->from": len(records),
+    assert totals(got.stats)["aliases"] == {"conversations[].speaker->from": len(records),
                                     "conversations[].text->conversations[].value": len(records)}
     assert nested == before  # input records are never modified
 
@@ -74,7 +75,7 @@ def test_nested_key_moved_to_top_level_and_parent_dropped_when_empty(real_data: 
     metas = [json.loads(m) for m in got.column("meta").to_pylist()]
     # "task" emptied by the moves is gone; "entities" keeps what was not moved
     assert metas[7] == {"user_id": "u7", "entities": {"team": "t"}}
-    assert out.stats["aliases"]["entities.uid->user_id"] == len(records)
+    assert totals(out.stats)["aliases"]["entities.uid->user_id"] == len(records)
 
 
 def test_flattened_dotted_column_and_shadowing(real_data: Path) -> None:
@@ -182,9 +183,9 @@ def test_per_input_alias_wins_over_global_and_flat_counts_unchanged(real_data: P
         rows = list(csv.DictReader(f))[:100]
     norm = Normalizer(aliases={"category": "intent"})
     out = norm.normalize(_batch(rows), SourceOptions(name="s", aliases={"category": "label"}))
-    assert out.kept.num_rows == 100 and out.stats["aliases"] == {"category->label": 100}
+    assert out.kept.num_rows == 100 and totals(out.stats)["aliases"] == {"category->label": 100}
     assert Counter(out.kept.column("label").to_pylist()) == Counter(r["category"] for r in rows)
-    assert out.stats["alias_inputs"]["s"]["input"] == {"category->label": 100}
-    assert out.stats["alias_inputs"]["s"]["global"] == {}
+    assert totals(out.stats)["alias_inputs"]["s"]["input"] == {"category->label": 100}
+    assert totals(out.stats)["alias_inputs"]["s"]["global"] == {}
     # no aliases: no per-input bookkeeping at all (the flat fast path stays as it was)
-    assert "alias_inputs" not in _norm(rows).stats
+    assert "alias_inputs" not in totals(_norm(rows).stats)

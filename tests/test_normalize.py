@@ -19,6 +19,7 @@ from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.records import CANONICAL_SCHEMA, REJECTED_SCHEMA
 from dataguard.stage import StageConfigError
 from dataguard.stages.normalize import Normalizer, find_placeholders
+from dataguard.stages.normalize_stats import totals
 
 
 def load_records(path: Path) -> list[Any]:
@@ -67,7 +68,7 @@ def test_every_real_row_is_accounted_for(real_data: Path, rel: str) -> None:
     ids = kept.column("id").to_pylist() + rejected.column("id").to_pylist()
     assert len(set(ids)) == len(ids)
     assert all(i.startswith(Path(rel).stem) for i in ids)
-    assert out.stats["rows_in"] == len(records) and out.stats["kept"] == kept.num_rows
+    assert totals(out.stats)["rows_in"] == len(records) and totals(out.stats)["kept"] == kept.num_rows
     # Independent oracle for what must be rejected: the unrendered {{name}}/{{author}} slots
     # (identity.json, v1_sft_demo) and the nested Self-Instruct records; nothing else.
     text = [json.dumps(r, ensure_ascii=False) for r in records]
@@ -170,7 +171,7 @@ def test_aliases_map_fields_before_detection() -> None:
     kept = out.kept.to_pylist()
     assert [r["format"] for r in kept] == ["alpaca", "alpaca"]
     assert kept[0]["messages"][0]["content"] == "What is 2+2?" and kept[0]["label"] == "math"
-    assert out.stats["aliases"] == {"question->instruction": 2, "answer->output": 2, "intent->label": 1}
+    assert totals(out.stats)["aliases"] == {"question->instruction": 2, "answer->output": 2, "intent->label": 1}
     labelled = run([{"utterance": "hi there", "intent": "greet"}], aliases={"utterance": "text"}).kept.to_pylist()
     assert labelled[0]["format"] == "labelled_text" and labelled[0]["label"] == "greet"
 
@@ -255,7 +256,7 @@ def test_reader_errors_pass_through() -> None:
     rej = out.rejected.to_pylist()
     assert [(r["id"], r["reason"], r["record"]) for r in rej] == [
         ("f.jsonl:1", "invalid_json", "{not json"), ("f.jsonl:2", "invalid_utf8", "caf\\xe9")]
-    assert out.stats["reasons"] == {"invalid_json": 1, "invalid_utf8": 1}
+    assert totals(out.stats)["reasons"] == {"invalid_json": 1, "invalid_utf8": 1}
 
 
 def test_malformed_lines_from_the_reader(tmp_path: Path) -> None:

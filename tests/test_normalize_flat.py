@@ -14,6 +14,7 @@ from dataguard.formats import checks
 from dataguard.formats.base import Mapped, Reject, TwoTurnRows
 from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.stages.normalize import Normalizer
+from dataguard.stages.normalize_stats import totals
 
 CRAFTED: list[Any] = [
     {"instruction": "Name a colour.", "input": "", "output": "Blue."},
@@ -169,7 +170,7 @@ def test_a_check_added_to_the_list_applies_to_both_paths(monkeypatch, real_data:
     _assert_same(fast, slow)
     rejected = fast.rejected.to_pylist()
     assert {int(r["id"].split(":")[1]) for r in rejected if r["reason"] == "mentions_paris"} == paris
-    assert fast.stats["reasons"]["mentions_paris"] == len(paris)
+    assert totals(fast.stats)["reasons"]["mentions_paris"] == len(paris)
 
 
 def test_batch_forms_flag_every_row_their_row_form_rejects(real_data: Path) -> None:

@@ -77,3 +77,14 @@ def test_base_absorb_merges_into_the_stage_tally() -> None:
     assert stage.tally.get("rows") == 0
     stage.absorb([_tally(ROWS[:10]), None, _tally(ROWS[10:])])
     assert stage.tally.get("rows") == 40 and stage.tally.items("first") == ROWS[:5]
+
+
+@pytest.mark.parametrize("size", [1, 4, 40])
+def test_per_key_cap_keeps_the_first_items_of_each_key_whatever_the_batching(size: int) -> None:
+    def tally(rows: list[dict]) -> Tally:
+        t = Tally()
+        t.keep("ex", rows, 5, per=("lang", 2))
+        return t
+
+    merged = Tally.merge([tally(ROWS[i:i + size]) for i in range(0, len(ROWS), size)])
+    assert [r["id"] for r in merged.items("ex")] == ["r0", "r1", "r2", "r3"]  # 2 "de" (r0, r3), 2 "en"

@@ -55,7 +55,7 @@ from dataguard.stages.normalize_aliases import (
     apply_aliases,
     unmatched_alias,
 )
-from dataguard.stages.normalize_stats import batch_stats, describe, empty_stats, merge_stats
+from dataguard.stages.normalize_stats import add_alias_counts, batch_stats, describe, totals
 from dataguard.stages.normalize_tables import MappedRow, kept_table, rejected_table, unwritable
 
 STAGE_NAME = "normalize"
@@ -115,7 +115,6 @@ class Normalizer(Stage):
         self.check_placeholders = check_placeholders
         self.placeholder_styles = _styles(placeholder_styles)
         self.allowed_roles = frozenset(roles)
-        self._totals: dict[str, Any] = empty_stats()
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"format": pa.string()}
@@ -162,7 +161,7 @@ class Normalizer(Stage):
             formats_seen[rows.fmt] += len(rows.index)
         stats = batch_stats(len(batch), kept.num_rows, formats_seen, rejects, aliases_applied)
         if plan:
-            stats["alias_inputs"] = {options.name: alias_counts(batch, options, self.aliases, aliases_applied)}
+            add_alias_counts(stats, options.name, alias_counts(batch, options, self.aliases, aliases_applied))
         return Outcome(kept=kept, rejected=rejected_table(batch.source, STAGE_NAME, rejects), stats=stats)
 
     def _one_record(self, batch: RawBatch, i: int, options: SourceOptions, plan: AliasPlan, ctx: Context,
@@ -210,10 +209,8 @@ class Normalizer(Stage):
     def absorb(self, stats: Sequence[Any]) -> None:
         """Merge the batches' statistics; then an alias that matched no record of its input
         (or, given to the normalizer for every input, of any input) is an ``InputError``."""
-        for s in stats:
-            if s is not None:
-                merge_stats(self._totals, s)
-        problem = unmatched_alias(self._totals.get("alias_inputs", {}))
+        super().absorb(stats)
+        problem = unmatched_alias(totals(self.tally).get("alias_inputs", {}))
         if problem is not None:
             from dataguard.io.bounded import InputError
 
@@ -221,7 +218,7 @@ class Normalizer(Stage):
 
     def describe(self) -> dict[str, Any]:
         styles = self.placeholder_styles if self.check_placeholders else None
-        return describe(self._totals, self.check_placeholders, styles)
+        return describe(totals(self.tally), self.check_placeholders, styles)
 
 
 def _rest_of(n: int, groups: list[TwoTurnRows]) -> Sequence[int]:

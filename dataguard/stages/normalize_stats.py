@@ -6,58 +6,50 @@ from collections import Counter
 from typing import Any
 
 from dataguard.formats.placeholders import DEFAULT_STYLES
+from dataguard.tally import Tally
 
 MAX_EXAMPLES_PER_REASON = 3
 MAX_EXAMPLES = 20
 SNIPPET_CHARS = 300
 
 
-def empty_stats() -> dict[str, Any]:
-    return {"rows_in": 0, "kept": 0, "formats": {}, "reasons": {}, "aliases": {}, "examples": []}
-
-
 def batch_stats(rows_in: int, kept: int, formats: Counter[str], rejects: list[dict[str, Any]],
-                aliases: Counter[str]) -> dict[str, Any]:
+                aliases: Counter[str]) -> Tally:
     """One batch's statistics (``rejects``: dicts with id, reason, detail, record)."""
-    stats = empty_stats()
-    stats["rows_in"] = rows_in
-    stats["kept"] = kept
-    stats["formats"] = dict(sorted(formats.items()))
-    stats["reasons"] = dict(Counter(r["reason"] for r in rejects))
-    stats["aliases"] = dict(aliases)
-    per_reason: Counter[str] = Counter()
-    for r in rejects:
-        if per_reason[r["reason"]] < MAX_EXAMPLES_PER_REASON:
-            per_reason[r["reason"]] += 1
-            stats["examples"].append({"id": r["id"], "reason": r["reason"], "detail": r["detail"],
-                                      "text": _snippet(r["record"])})
+    stats = Tally(counts=Counter(rows_in=rows_in, kept=kept))
+    stats.count("formats", dict(sorted(formats.items())))
+    stats.count("reasons", (r["reason"] for r in rejects))
+    stats.count("aliases", dict(aliases))
+    stats.keep("examples", ({"id": r["id"], "reason": r["reason"], "detail": r["detail"],
+                             "text": _snippet(r["record"])} for r in rejects),
+               MAX_EXAMPLES, per=("reason", MAX_EXAMPLES_PER_REASON))
     return stats
+
+
+def add_alias_counts(stats: Tally, source: str, counts: dict[str, Any]) -> None:
+    """Record one input's alias counts (zeros included) for the unmatched-alias check."""
+    stats.note("alias_paths", source, counts["path"])
+    stats.add(f"alias_records:{source}", counts["records"])
+    for scope in ("input", "global"):
+        stats.counters.setdefault(f"alias_{scope}:{source}", Counter()).update(counts[scope])
+
+
+def totals(t: Tally) -> dict[str, Any]:
+    """The merged statistics as plain data: counts, per-format / reason / alias counts,
+    examples and, per input that has aliases, what each alias matched."""
+    out: dict[str, Any] = {"rows_in": t.get("rows_in"), "kept": t.get("kept"),
+                           **{k: dict(t.counters.get(k, {})) for k in ("formats", "reasons", "aliases")},
+                           "examples": t.items("examples")}
+    if "alias_paths" in t.lookup:
+        out["alias_inputs"] = {source: {"path": path, "records": t.get(f"alias_records:{source}"),
+                                        "input": dict(t.counters.get(f"alias_input:{source}", {})),
+                                        "global": dict(t.counters.get(f"alias_global:{source}", {}))}
+                               for source, path in t.lookup["alias_paths"].items()}
+    return out
 
 
 def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
-
-
-def merge_stats(total: dict[str, Any], s: dict[str, Any]) -> None:
-    total["rows_in"] += s["rows_in"]
-    total["kept"] += s["kept"]
-    for key in ("formats", "reasons", "aliases"):
-        for k, v in s[key].items():
-            total[key][k] = total[key].get(k, 0) + v
-    for source, counts in s.get("alias_inputs", {}).items():
-        into = total.setdefault("alias_inputs", {}).setdefault(
-            source, {"path": counts["path"], "records": 0, "input": {}, "global": {}})
-        into["records"] += counts["records"]
-        for scope in ("input", "global"):
-            for k, v in counts[scope].items():
-                into[scope][k] = into[scope].get(k, 0) + v
-    per_reason = Counter(e["reason"] for e in total["examples"])
-    for e in s["examples"]:
-        if len(total["examples"]) >= MAX_EXAMPLES:
-            break
-        if per_reason[e["reason"]] < MAX_EXAMPLES_PER_REASON:
-            per_reason[e["reason"]] += 1
-            total["examples"].append(e)
 
 
 def describe(t: dict[str, Any], check_placeholders: bool, styles: tuple[str, ...] | None) -> dict[str, Any]:
