@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dataguard import formats
 from dataguard.config_stages import _blamed_param, build_normalizer, build_stages
 from dataguard.config_yaml import MAX_DEPTH, ConfigError, Located, _Located, load_yaml_document
 from dataguard.io.readers import READERS, InputError, InputSpec
@@ -45,7 +46,7 @@ TOP_LEVEL: dict[str, str] = {
     "train": "training runner settings, read by `dataguard train` (not by `dataguard run`)",
 }
 INPUT_KEYS = ("path", "name", "format", "reader", "aliases", "text_field", "label_field", "json_key")
-FORMATS = ("auto", "alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
+FORMATS = ("auto", *formats.FORMATS)  # `format:` of an input: detect, or force one template
 
 # Stage parameters that name inputs of the run (by `name:`), per stage. Such inputs must
 # exist in `inputs:`, and `--input` keeps them (see `load_config(replace_inputs=...)`).

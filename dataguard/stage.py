@@ -46,7 +46,7 @@ generically (a stage only chooses blocks; it never writes HTML)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -166,12 +166,10 @@ class Stage:
         `Tally`s, merged into ``self.tally`` for ``describe``."""
         self.tally = Tally.merge(stats)
 
-    def check_rejected(self, rejected: pa.Table) -> None:
+    def check_reasons(self, codes: Iterable[str]) -> None:
         """Refuse reason codes the stage does not declare in ``reasons`` (a programming
         error: the README table, the report and users' filters rely on the declared set)."""
-        if rejected.num_rows == 0 or "reason" not in rejected.column_names:
-            return
-        unknown = sorted(set(pc.unique(rejected.column("reason")).to_pylist()) - set(self.reasons) - {None})
+        unknown = sorted(set(codes) - set(self.reasons))
         if unknown:
             raise UndeclaredReasonError(f"stage {self.name!r} rejected rows with reason(s) {unknown}, which its "
                                         f"`reasons` does not declare (declared: {sorted(self.reasons)})")

@@ -186,9 +186,9 @@ class _UnitRun:
                                f"{rej.num_rows} rejected (unit {self.task.unit})")
         reasons: dict[str, int] = {}
         if rej.num_rows:
-            self.steps[index].check_rejected(rej)
             for reason in rej.column("reason").to_pylist():
                 reasons[reason] = reasons.get(reason, 0) + 1
+            self.steps[index].check_reasons(reasons)
             self.rejected.append(rej)
         self.counts[step_key(index, self.steps)] = {"rows_in": rows_in, "rows_kept": kept.num_rows,
                                                     "rows_rejected": rej.num_rows, "reasons": reasons}

@@ -69,9 +69,4 @@ def check(p: dict[str, Any]) -> dict[str, Any]:
     if p["target"] is not None and p["target"] not in out["columns"] and p["target"] not in out["categorical"]:
         raise StageConfigError(f"target must be one of columns/categorical, got {p['target']!r}", param="target")
     out["max_weight"] = float(p["max_weight"])
-    if "backend" in p:  # the text embedder's settings, checked without loading it
-        from dataguard.embed import stage_embedder
-
-        stage_embedder(None, batch_size=64, threads=None, device="cpu", backend=p["backend"],
-                       max_seq_length=p.get("max_seq_length"))
     return out
