@@ -33,8 +33,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dataguard.io.readers import file_sha256
+
 MARKER = "dataguard-cache.json"
 _MODEL_HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+# Entries this process verified (or built), with the (name, size, mtime, inode) of their
+# files then: each worker loads an embedder once per segment, and re-hashing a 90 MB model
+# file to find it unchanged is the expensive part; any change to a file changes its stamp.
+_CHECKED: dict[Path, tuple[tuple[str, int, int, int], ...]] = {}
+
+
+def _stamp(entry: Path) -> tuple[tuple[str, int, int, int], ...] | None:
+    try:
+        return tuple((p.name, (st := p.stat()).st_size, st.st_mtime_ns, st.st_ino) for p in sorted(entry.iterdir()))
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager
@@ -60,14 +73,6 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "dataguard"
 
 
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def model_hash(model_dir: Path) -> str:
     """SHA-256 over every file of the model folder (relative name, size, content); memoised
     per process by (name, size, mtime) so a worker hashes a 90 MB model once."""
@@ -77,7 +82,7 @@ def model_hash(model_dir: Path) -> str:
     if key not in _MODEL_HASHES:
         h = hashlib.sha256()
         for p, (rel, size, _) in zip(files, stamp, strict=True):
-            h.update(f"{rel}\0{size}\0{_file_sha(p)}\n".encode())
+            h.update(f"{rel}\0{size}\0{file_sha256(p)}\n".encode())
         _MODEL_HASHES[key] = h.hexdigest()
     return _MODEL_HASHES[key]
 
@@ -97,7 +102,7 @@ def _valid(entry: Path) -> bool:
     try:
         marker = json.loads((entry / MARKER).read_text(encoding="utf-8"))
         files = marker["files"]
-        return bool(files) and all(_file_sha(entry / name) == sha for name, sha in files.items())
+        return bool(files) and all(file_sha256(entry / name) == sha for name, sha in files.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -109,7 +114,11 @@ def cached_artifact(kind: str, model_dir: Path, settings: dict[str, Any],
     root = cache_root() / "embed"
     name = entry_name(kind, model_dir, settings)
     entry = root / name
+    stamp = _stamp(entry)
+    if stamp is not None and _CHECKED.get(entry) == stamp:
+        return entry
     if _valid(entry):
+        _CHECKED[entry] = stamp
         return entry
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -131,7 +140,7 @@ def cached_artifact(kind: str, model_dir: Path, settings: dict[str, Any],
             tmp = Path(tempfile.mkdtemp(prefix=f".build-{name}-", dir=root))
             try:
                 build(tmp)
-                files = {p.name: _file_sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+                files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
                 marker = {"written_by": "dataguard", "kind": kind, "model": str(model_dir),
                           "settings": settings, "files": files}
                 (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True), encoding="utf-8")
@@ -143,4 +152,5 @@ def cached_artifact(kind: str, model_dir: Path, settings: dict[str, Any],
             fcntl.flock(lock, fcntl.LOCK_UN)
     if not _valid(entry):
         raise RuntimeError(f"dataguard cache entry {str(entry)!r} is not valid right after it was built")
+    _CHECKED[entry] = _stamp(entry)
     return entry

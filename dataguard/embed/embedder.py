@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dataguard.embed.cache import model_label
 from dataguard.embed.settings import (
     DEFAULT_BACKEND,
     STATIC_DIMS,
@@ -50,8 +52,7 @@ class Embedder:
     def model_id(self) -> str:
         """The model's folder name, plus the backend (other than torch) and a non-default
         length: stored with kept embeddings, so only vectors from the same setup are reused."""
-        path = Path(self.model_path)
-        name = path.name if path.name != "model" else path.parent.name
+        name = model_label(Path(self.model_path))
         if self.backend != "torch":
             name += f"+{self.backend}"
         if self.max_seq_length != self.trained_length:
@@ -92,9 +93,10 @@ class Embedder:
     def _model(self) -> Any:  # tests check that pickling drops the loaded model
         return self._runner
 
-    @property
+    @cached_property
     def dimension(self) -> int:
-        """Embedding size, read from the model's config files when possible (no load)."""
+        """Embedding size, read from the model's config files when possible (no load); read
+        once (it is asked per batch, and a model without config files would be run for it)."""
         dim = configured_dimension(Path(self.model_path))
         if dim is None:
             dim = int(self.encode(["dimension"]).shape[1])

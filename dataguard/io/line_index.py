@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from dataguard.io import bounded
 from dataguard.io.bounded import BOM, READ_ERRORS
 
@@ -160,14 +162,12 @@ class _Scan:
         index, every = self.index, self.every
         base = self.pos  # _feed_lines advanced it to chunk[first + 1]
         n = chunk.count(b"\n", first + 1, last + 1)  # whole lines, none blank: all records
-        k = -index.records % every  # lines to skip to the next unit start
-        at, skipped = first + 1, 0
-        while k < n:
-            while skipped < k:
-                at = chunk.index(b"\n", at) + 1
-                skipped += 1
-            index.marks.append((self.pos - (first + 1) + at, index.lines + k, index.records + k))
-            k += every
+        ks = np.arange(-index.records % every, n, every)  # line numbers (from first + 1) of unit starts
+        if len(ks):
+            ends = np.flatnonzero(np.frombuffer(chunk, np.uint8, last - first, first + 1) == 10)  # from first + 1
+            starts = np.where(ks == 0, 0, ends[np.maximum(ks - 1, 0)] + 1)
+            index.marks.extend(zip((self.pos + starts).tolist(), (index.lines + ks).tolist(),
+                                   (index.records + ks).tolist(), strict=True))
         index.records += n
         index.lines += n
         self.line_start = self.pos = base + (last - first)

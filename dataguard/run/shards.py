@@ -42,7 +42,7 @@ class ShardTask:
 
     def run(self) -> dict[str, Any]:
         schema = pa.ipc.read_schema(pa.py_buffer(self.schema))
-        tables = [conform(read_table(Path(unit)), schema).slice(offset, rows) for unit, offset, rows in self.pieces]
+        tables = [conform(read_table(Path(unit)).slice(offset, rows), schema) for unit, offset, rows in self.pieces]
         table = pa.concat_tables(tables) if tables else schema.empty_table()
         path = Path(self.path)
         write_table(path, table)
