@@ -16,10 +16,14 @@ its peak memory is its own) it reports:
 
 ``--memory N`` instead streams N rows (the files' rows repeated, in batches of 1,000 as a
 pipeline would) through one backend and prints the peak RSS after each tenth.
+``--side-by-side K`` runs K such streams at once per backend, one math thread each (what
+``--workers K`` runs): on a small machine cores share caches and matrix units, so a backend's
+speed alone can differ from its speed next to another worker.
 
     python benchmarks/bench_consistency.py --threads 2                       # the backend table
     python benchmarks/bench_consistency.py --backends torch --files alpaca_en_demo/alpaca_en_demo.json
     python benchmarks/bench_consistency.py --memory 20000 --backends onnx-int8
+    python benchmarks/bench_consistency.py --side-by-side 2 --memory 3000 --backends onnx-int8 torch-bf16
     python benchmarks/bench_consistency.py --device cuda --backends torch --rows 5000   # on a GPU
 
 Output: tables on stdout and, with --json PATH, the same figures as JSON.
@@ -140,6 +144,18 @@ def memory_run(backend: str, total: int, args: argparse.Namespace) -> None:
                   f"{done / (time.process_time() - c0):6.1f} rows/cpu-s", flush=True)
 
 
+def side_by_side(args: argparse.Namespace) -> None:
+    """K single-thread streams of one backend at once; each one's last progress line."""
+    for backend in args.backends:
+        cmd = [sys.executable, __file__, "--memory", str(args.memory), "--backends", backend, "--threads", "1",
+               "--batch-size", str(args.batch_size), "--files", args.files[0]]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(args.side_by_side)]
+        for k, proc in enumerate(procs):
+            out, _ = proc.communicate()
+            print(f"{backend} stream {k + 1}/{args.side_by_side}: {out.strip().splitlines()[-1].strip()}", flush=True)
+    print(f"load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
+
+
 def print_tables(results: list[dict[str, object]], args: argparse.Namespace) -> None:
     ref = next((r for r in results if r["backend"] == "torch"), None)
     short = {rel: rel.split("/")[0].replace("sharegpt_", "").replace("messages_", "")[:12] for rel in args.files}
@@ -182,9 +198,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory", type=int, default=None, help="stream this many rows; print peak RSS")
+    parser.add_argument("--side-by-side", type=int, default=None, help="with --memory: K streams at once, 1 thread each")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one backend -> JSON
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.memory and args.side_by_side:
+        side_by_side(args)
+        return
     if args.memory:
         for backend in args.backends:
             memory_run(backend, args.memory, args)

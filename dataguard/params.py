@@ -224,7 +224,7 @@ THREADS: Allowed = [Interval(int, 1), None]
 PATH: Allowed = [Satisfies(lambda v: isinstance(v, str | os.PathLike) and bool(str(v)), "a path"), None]
 # The shared Embedder's knobs (its model folder is checked for existence by the config loader;
 # the backend names are `dataguard.embed.settings.BACKENDS`, which a test holds this equal to).
-EMBED_BACKENDS = ("torch", "onnx", "onnx-int8", "static")
+EMBED_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8", "static")
 EMBEDDER: dict[str, Allowed] = {
     "model": PATH,
     "batch_size": POSITIVE_INT,

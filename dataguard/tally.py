@@ -13,7 +13,8 @@ four things, each slightly differently). What a tally holds:
   order);
 * ``lookup`` - named mappings merged by key (later batches win; for id -> snippet tables);
 * ``parts`` - named objects whose class merges them (``cls.merge(items)``), for a summary
-  no fixed shape fits (an exact integer histogram).
+  no fixed shape fits (an exact integer histogram); `Best` is one for "per key, the value
+  with the highest score" (per validation row, the training row that covers most of it).
 
 Merging is associative and order-preserving, so results do not depend on how rows were
 split into batches or which worker ran them.
@@ -123,3 +124,29 @@ def _trim(items: list[Any], cap: int, rank: tuple[str, ...] | None, per: tuple[s
                 kept.append(item)
         items = kept
     return items[:cap]
+
+
+@dataclass
+class Best:
+    """Per key, the value offered with the highest score; on a tie the earlier one stays.
+
+    A `Tally` part (``tally.put(name, best)``): a maximum per key over all rows cannot be a
+    histogram or a capped list, and keys keep the order in which they were first offered,
+    so a merged `Best` is the same however the rows were split into batches.
+    """
+
+    entries: dict[Any, tuple[Any, Any]] = field(default_factory=dict)  # key -> (score, value)
+
+    def offer(self, key: Any, score: Any, value: Any) -> None:
+        cur = self.entries.get(key)
+        if cur is None or score > cur[0]:
+            self.entries[key] = (score, value)
+
+    @classmethod
+    def merge(cls, parts: Iterable[Best]) -> Best:
+        """The parts in the order given (earlier parts win ties)."""
+        out = cls()
+        for part in parts:
+            for key, (score, value) in part.entries.items():
+                out.offer(key, score, value)
+        return out

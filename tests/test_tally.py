@@ -11,7 +11,7 @@ import pytest
 
 from dataguard.records import reject_rows
 from dataguard.stage import Outcome, Stage, UndeclaredReasonError
-from dataguard.tally import Tally
+from dataguard.tally import Best, Tally
 
 ROWS = [{"id": f"r{i}", "score": float((i * 37) % 11), "lang": "en" if i % 3 else "de"} for i in range(40)]
 
@@ -88,3 +88,34 @@ def test_per_key_cap_keeps_the_first_items_of_each_key_whatever_the_batching(siz
 
     merged = Tally.merge([tally(ROWS[i:i + size]) for i in range(0, len(ROWS), size)])
     assert [r["id"] for r in merged.items("ex")] == ["r0", "r1", "r2", "r3"]  # 2 "de" (r0, r3), 2 "en"
+
+
+def _best(rows: list[dict]) -> Tally:
+    """Per language, the row with the highest score (the first one on ties)."""
+    best = Best()
+    for r in rows:
+        best.offer(r["lang"], r["score"], r["id"])
+    t = Tally()
+    t.put("top", best)
+    return t
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 40])
+def test_best_part_keeps_the_first_maximum_per_key_whatever_the_batching(size: int) -> None:
+    merged = Tally.merge([_best(ROWS[i:i + size]) for i in range(0, len(ROWS), size)])
+    entries = merged.parts["top"].entries
+    assert list(entries) == ["de", "en"]  # the order in which keys were first offered
+    for lang in ("de", "en"):
+        rows = [r for r in ROWS if r["lang"] == lang]
+        top = max(r["score"] for r in rows)
+        assert entries[lang] == (top, next(r["id"] for r in rows if r["score"] == top))
+
+
+def test_best_part_survives_the_resume_state_codec_and_put_merges_in_order() -> None:
+    from dataguard.io import state_codec
+
+    t = _best(ROWS[:10])
+    t.put("top", _best(ROWS[10:]).parts["top"])
+    back = state_codec.loads(state_codec.dumps(t))
+    assert back.parts["top"] == t.parts["top"] == _best(ROWS).parts["top"]
+    assert Best.merge([]).entries == {}

@@ -4,6 +4,8 @@ One `Embedder` interface, four backends (``backend:`` in a stage's config):
 
 * ``torch`` - sentence-transformers, the reference: fp32 on the CPU, fp16 with batches of
   at least 256 on CUDA;
+* ``torch-bf16`` - the same transformer in bfloat16 on the CPU (pooling and norm in fp32):
+  1.2x ``onnx-int8`` for one process on a CPU with AMX, no faster with two busy workers;
 * ``onnx`` / ``onnx-int8`` - ONNX Runtime on the CPU, the model exported once from its local
   folder (int8: dynamically quantized weights); the default, ``onnx-int8``, was picked from
   ``benchmarks/bench_consistency.py``'s backend table;

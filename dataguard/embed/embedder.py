@@ -27,9 +27,9 @@ class Embedder:
     """Batched, offline sentence embeddings (L2-normalised float32) from one backend.
 
     ``backend``: ``torch`` (sentence-transformers; fp16 and batches of at least 256 on CUDA),
-    ``onnx`` / ``onnx-int8`` (ONNX Runtime, CPU) or ``static`` (model2vec lookup, CPU); see
-    `dataguard.embed`. ``max_seq_length``: tokens read per text (None: what the model was
-    trained with, 128 for all-MiniLM-L6-v2). Nothing is loaded or built here.
+    ``torch-bf16`` (the same in bfloat16, CPU), ``onnx`` / ``onnx-int8`` (ONNX Runtime, CPU) or
+    ``static`` (model2vec lookup, CPU); see `dataguard.embed`. ``max_seq_length``: tokens read per text (None: what the model was trained with, 128 for
+    all-MiniLM-L6-v2). Nothing is loaded or built here.
     """
 
     def __init__(self, model: str | Path | None = None, *, batch_size: int = 64, threads: int | None = None,
@@ -68,11 +68,12 @@ class Embedder:
     def runner(self) -> Any:
         """The loaded backend (built into the dataguard cache first if it has to be)."""
         if self._runner is None:
-            if self.backend == "torch":
+            if self.backend in ("torch", "torch-bf16"):
                 from dataguard.embed.torch_backend import TorchRunner
 
                 self._runner = TorchRunner(self.model_path, device=self.device, max_seq_length=self.max_seq_length,
-                                           batch_size=self.batch_size, threads=self.threads)
+                                           batch_size=self.batch_size, threads=self.threads,
+                                           bf16=self.backend == "torch-bf16")
             elif self.backend == "static":
                 from dataguard.embed.static_backend import StaticRunner
 

@@ -13,12 +13,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-# torch: sentence-transformers (fp16 on CUDA); onnx / onnx-int8: ONNX Runtime on the CPU, the
-# graph exported from the same model folder (int8: dynamic int8 quantization of its weights);
-# static: a model2vec static model distilled from it (token lookup + mean pooling).
-BACKENDS = ("torch", "onnx", "onnx-int8", "static")
+# torch: sentence-transformers (fp32 on the CPU, fp16 on CUDA); torch-bf16: the same in
+# bfloat16 on the CPU (worth it where the CPU multiplies bf16 natively: AMX or AVX512-BF16);
+# onnx / onnx-int8: ONNX Runtime on the CPU, the graph exported from the same model folder
+# (int8: dynamic int8 quantization of its weights); static: a model2vec static model
+# distilled from it (token lookup + mean pooling).
+BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8", "static")
 # Measured in benchmarks/bench_consistency.py (see the README's backend table): the fastest
-# backend whose detection AUC stays within 0.01 of fp32 torch on every real set.
+# backend whose detection AUC stays within 0.01 of fp32 torch on every real set, per CPU
+# second with two workers busy (torch-bf16 is faster for one process on an AMX CPU only).
 DEFAULT_BACKEND = "onnx-int8"
 STATIC_DIMS = 256  # model2vec's default PCA size for the distilled token table
 _TRAINED_LENGTH = re.compile(r"sequence length was limited to (\d+) tokens", re.IGNORECASE)

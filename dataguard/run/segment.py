@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from dataguard.executors.process import one_math_thread
 from dataguard.io.json_readers import LineSplit
+from dataguard.io.parquet_split import ParquetSplit
 from dataguard.io.raw import RawBatch, SourceOptions
 from dataguard.run.workdir import UnitFiles
 from dataguard.stage import Outcome, Stage
@@ -92,7 +93,7 @@ class UnitTask:
     raw: RawBatch | None = None
     options: SourceOptions | None = None
     previous: UnitFiles | None = None
-    split: LineSplit | None = None
+    split: LineSplit | ParquetSplit | None = None
 
 
 class SideTask(Protocol):

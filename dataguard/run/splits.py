@@ -9,10 +9,13 @@ boundaries depend on the file's bytes, ``split_bytes`` and ``batch_rows`` only, 
 scheduling; a file smaller than ``split_bytes`` gets exactly the units the whole-file reader
 gives (``batch_rows`` records each).
 
+A Parquet file is planned from its footer alone (`dataguard.io.parquet_split`): units of
+``batch_rows`` rows that the workers read from the row groups themselves.
+
 Other inputs are read in the driver as before (`dataguard.io.readers.read_batches`, JSON
 lines parsed in the worker): a ``.gz`` stream cannot be entered in the middle, and JSON
-arrays, CSV (quoted fields may hold newlines) and Parquet/HF datasets have no cheap exact
-split that this module implements yet.
+arrays, CSV (quoted fields may hold newlines) and in-memory or saved HF datasets have no
+cheap exact split that this module implements yet.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from dataguard.io.json_readers import LineSplit
 from dataguard.io.line_index import LineIndex, index_lines, plan_line_ranges
+from dataguard.io.parquet_split import ParquetLayout, ParquetSplit, parquet_layout, parquet_splits
 from dataguard.io.readers import (
     DEFAULT_MAX_RECORD_BYTES,
     InputError,
@@ -87,6 +91,13 @@ class InputPlan:
                   for i, spec in enumerate(self.specs) if splittable(spec)
                   for r, (start, end) in enumerate(_ranges(spec, split_bytes))]
         self.indexes: dict[int, list[LineIndex]] = {}
+        self.layouts: dict[int, ParquetLayout] = {}
+        for i, spec in enumerate(self.specs):
+            if spec.dataset is None and spec.path is not None and spec.resolved_reader() == "parquet" \
+                    and Path(spec.path).is_file():
+                layout = parquet_layout(Path(spec.path), batch_rows)
+                if layout is not None:  # else the whole-file reader reports what is wrong, as a row
+                    self.layouts[i] = layout
         infos: dict[int, dict[str, Any]] = {}
         for result in sorted(run_tasks(tasks), key=lambda res: res["key"]) if tasks else []:
             if "info" in result:
@@ -96,12 +107,16 @@ class InputPlan:
         # in-memory datasets are described here: they do not travel to workers
         self.input_info = [infos[i] if i in infos else describe_input(spec) for i, spec in enumerate(self.specs)]
 
-    def units(self) -> Iterator[tuple[InputSpec, LineSplit | RawBatch]]:
+    def units(self) -> Iterator[tuple[InputSpec, LineSplit | ParquetSplit | RawBatch]]:
         """(input, what its next unit reads), lazily: raw batches are read only when asked for."""
         for i, spec in enumerate(self.specs):
             if i in self.indexes:
                 for split in line_splits(str(spec.path), self.indexes[i], self.batch_rows):
                     yield spec, split
+            elif i in self.layouts:
+                for parquet in parquet_splits(str(spec.path), self.layouts[i], self.batch_rows,
+                                              DEFAULT_MAX_RECORD_BYTES):
+                    yield spec, parquet
             else:
                 for raw in read_batches(spec, batch_rows=self.batch_rows, defer_parse=True):
                     yield spec, raw

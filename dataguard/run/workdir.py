@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 WORK = "_work"
 # What a unit's meta holds and how stages are numbered in it. Part of the fingerprint, so
 # work left by an engine that wrote metas differently is discarded instead of misread.
-WORK_FORMAT = 3
+WORK_FORMAT = 4  # 4: the overlap stage's unit stats became a Tally
 # Config keys that say where or how a run executes (or what trains on it later), not what
 # it produces: they never change the manifest or the resume fingerprint.
 RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output", "train")

@@ -44,7 +44,7 @@ How it works
     Validation items are measured against the tokens an n-gram can reach.
 * Train/validation leakage, both directions: training rows are scanned against the
   validation rows (reference set ``validation``), exact copies included; validation rows
-  are scanned against the benchmarks only, and ``absorb`` records, per validation row, the
+  are scanned against the benchmarks only, and the stage's tally keeps, per validation row, the
   training row that covers most of it. ``cross_split_exact_duplicates`` counts training
   rows that are, as a whole, an exact (normalised) copy of a validation row; they are
   contaminated like any other copy (dropped with ``action: drop``). Near-exact ones are

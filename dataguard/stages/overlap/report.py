@@ -1,9 +1,11 @@
-"""What the stage tells the run: per-batch statistics (merged in the driver), reject
-details, cross-split leakage counts and the ``describe`` blocks of the audit report."""
+"""What the stage tells the run: per-batch statistics (a `Tally`, merged in the driver by
+the base ``Stage.absorb``), reject details, cross-split leakage counts and the ``describe``
+blocks of the audit report."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,14 +14,12 @@ import pyarrow as pa
 from dataguard.stages.overlap.encoding import ScanRows, row_parts
 from dataguard.stages.overlap.measure import item_threshold
 from dataguard.stages.overlap.spans import Spans
+from dataguard.tally import Best, Tally
 
 if TYPE_CHECKING:
     from dataguard.stages.overlap.stage import OverlapStage
 
 HIST_EDGES = [round(i / 20, 2) for i in range(21)]
-_SUM_KEYS = ("rows", "tokens", "short_rows", "matched_rows", "contaminated", "exact_copies", "dropped", "masked",
-             "val_rows", "exact_count", "near_count")
-_LIST_KEYS = ("per_set_any", "per_set_contaminated", "ratio_hist", "coverage_hist")
 
 
 def detail(stage: OverlapStage, m: dict[str, Any], r: int) -> str:
@@ -40,8 +40,8 @@ def detail(stage: OverlapStage, m: dict[str, Any], r: int) -> str:
 
 def batch_stats(stage: OverlapStage, batch: pa.Table, rows: ScanRows, m: dict[str, Any], contaminated: np.ndarray,
                 is_val: np.ndarray, ids: list[str], spans: dict[int, Spans], example_rows: np.ndarray,
-                dropped: int, masked: int) -> dict[str, Any]:
-    """Mergeable statistics of one batch (see :func:`merge_stats`)."""
+                dropped: int, masked: int) -> Tally:
+    """One batch's statistics; the base ``Stage.absorb`` merges them into ``stage.tally``."""
     ref = stage.fitted()
     n_sets = len(ref.set_names)
     g_row, g_item, g_frac = m["pairs"]
@@ -53,60 +53,47 @@ def batch_stats(stage: OverlapStage, batch: pa.Table, rows: ScanRows, m: dict[st
     per_set_cont = (np.bincount(best_set[contaminated], minlength=n_sets) if contaminated.any()
                     else np.zeros(n_sets, int))
     matched = (m["ngrams"] > 0) | m["exact"]
-    stats: dict[str, Any] = {
-        "rows": int(batch.num_rows),
-        "tokens": int(len(rows.symbols)),
-        "short_rows": int((m["row_tokens"] < stage.n).sum()),
-        "matched_rows": int(matched.sum()),
-        "contaminated": int(contaminated.sum()),
-        "exact_copies": int(m["exact"].sum()),
-        "dropped": dropped,
-        "masked": masked,
-        "val_rows": int(is_val.sum()),
-        "per_set_any": per_set_any.tolist(),
-        "per_set_contaminated": per_set_cont.tolist(),
-        "ratio_hist": np.histogram(m["ratio"][matched], bins=HIST_EDGES)[0].tolist(),
-        "coverage_hist": np.histogram(m["coverage"][matched], bins=HIST_EDGES)[0].tolist(),
-        "examples": [],
-        "val_best": {},
-        "exact": [],
-        "exact_count": 0,
-        "near_count": 0,
-    }
+    t = Tally(counts=Counter(
+        rows=batch.num_rows, tokens=len(rows.symbols), short_rows=int((m["row_tokens"] < stage.n).sum()),
+        matched_rows=int(matched.sum()), contaminated=int(contaminated.sum()), exact_copies=int(m["exact"].sum()),
+        dropped=dropped, masked=masked, val_rows=int(is_val.sum())))
+    t.hist("per_set_any", per_set_any)  # one bin per reference set
+    t.hist("per_set_contaminated", per_set_cont)
+    t.hist("ratio_hist", np.histogram(m["ratio"][matched], bins=HIST_EDGES)[0])
+    t.hist("coverage_hist", np.histogram(m["coverage"][matched], bins=HIST_EDGES)[0])
+    examples = []
     if len(example_rows):
         parts = row_parts(batch.take(pa.array(example_rows)), stage.roles)  # only these rows
         for r, one in zip(example_rows.tolist(), parts, strict=True):
-            stats["examples"].append(_example(stage, ids[r], one, spans.get(r, {}), m, r))
+            examples.append(_example(stage, ids[r], one, spans.get(r, {}), m, r))
+    # `balanced` picks round-robin over sets in describe; the first max_examples of each set suffice
+    t.keep("examples", examples, stage.max_examples * (n_sets + 1), per=("label", stage.max_examples))
     if ref.val_set >= 0:
-        stats.update(_cross_split(stage, rows, m, is_val, ids))
-    return stats
+        _cross_split(stage, rows, m, is_val, ids, t)
+    return t
 
 
-def _cross_split(stage: OverlapStage, rows: ScanRows, m: dict[str, Any], is_val: np.ndarray,
-                 ids: list[str]) -> dict[str, Any]:
+def _cross_split(stage: OverlapStage, rows: ScanRows, m: dict[str, Any], is_val: np.ndarray, ids: list[str],
+                 t: Tally) -> None:
     """Validation rows found in training rows, and exact / near-exact cross-split pairs."""
     ref = stage.fitted()
     g_row, g_item, g_frac = m["pairs"]
-    out: dict[str, Any] = {}
     train = ~is_val
     sel = (ref.item_set[g_item] == ref.val_set) & train[g_row] if len(g_row) else np.zeros(0, bool)
-    best: dict[int, tuple[float, str, float]] = {}
+    best = Best()  # per validation row: share of it covered, by which training row, its share of that row
     for r, it, f in zip(g_row[sel].tolist(), g_item[sel].tolist(), g_frac[sel].tolist(), strict=True):
-        cur = best.get(it)
-        if cur is None or f > cur[0]:
-            best[it] = (f, ids[r], float(m["ratio"][r]))
-    out["val_best"] = best
+        best.offer(it, f, (ids[r], float(m["ratio"][r])))
+    t.put("val_best", best)
     near = sel & (g_frac >= stage.near_duplicate)
     if near.any():
         # both directions: the validation row is (almost) all in the training row
         # and the training row's matchable text is (almost) all validation text
         share = m["covered"] / np.maximum(m["coverable"], 1)
         both = g_row[near][share[g_row[near]] >= stage.near_duplicate]
-        out["near_count"] = int(len(np.unique(both)))
+        t.add("near_count", len(np.unique(both)))
     hit = np.flatnonzero(m["exact_val_row"] >= 0)  # training rows that are a whole validation row
-    out["exact_count"] = len(hit)
-    out["exact"] = [(ids[r], ref.item_names[int(m["exact_val_row"][r])]) for r in hit[:20].tolist()]
-    return out
+    t.add("exact_count", len(hit))
+    t.keep("exact", [(ids[r], ref.item_names[int(m["exact_val_row"][r])]) for r in hit[:20].tolist()], 20)
 
 
 def _example(stage: OverlapStage, row_id: str, parts: list[tuple[int, str]], spans: Spans, m: dict[str, Any],
@@ -135,68 +122,47 @@ def _example(stage: OverlapStage, row_id: str, parts: list[tuple[int, str]], spa
     }
 
 
-def merge_stats(stats: Sequence[Any], n_sets: int, max_examples: int) -> dict[str, Any]:
-    """Sum the batches' statistics in input order (what ``absorb`` keeps)."""
-    agg: dict[str, Any] = {k: 0 for k in _SUM_KEYS}
-    agg.update({"per_set_any": [0] * n_sets, "per_set_contaminated": [0] * n_sets,
-                "ratio_hist": [0] * (len(HIST_EDGES) - 1), "coverage_hist": [0] * (len(HIST_EDGES) - 1),
-                "examples": [], "val_best": {}, "exact": []})
-    for s in stats:
-        if not s:
-            continue
-        for k in _SUM_KEYS:
-            agg[k] += s[k]
-        for k in _LIST_KEYS:
-            agg[k] = [a + b for a, b in zip(agg[k], s[k], strict=True)]
-        agg["examples"].extend(s["examples"])
-        agg["exact"].extend(s["exact"])
-        for it, v in s["val_best"].items():
-            cur = agg["val_best"].get(it)
-            if cur is None or v[0] > cur[0]:
-                agg["val_best"][it] = v
-    agg["examples"] = balanced(agg["examples"], max_examples)
-    agg["exact"] = agg["exact"][:20]
-    return agg
-
-
-def describe(stage: OverlapStage, s: dict[str, Any], item_text: Callable[[int], str]) -> dict[str, Any]:
-    """The stage's section of the manifest and the audit report."""
+def describe(stage: OverlapStage, t: Tally, item_text: Callable[[int], str]) -> dict[str, Any]:
+    """The stage's section of the manifest and the audit report, from the merged tally."""
     ref = stage.fitted_or_none()
     names = ref.set_names if ref is not None else []
-    val_best = s.get("val_best", {})
+    best = t.parts.get("val_best", Best()).entries  # validation item -> (share, (training row, its share))
     val_leaked = []
     if ref is not None:
-        need = item_threshold(ref.item_len[list(val_best)], stage.ref_threshold, stage.n) if val_best else []
-        val_leaked = sorted(((v[0], ref.item_names[it], v[1], v[2]) for (it, v), t in zip(val_best.items(), need,
-                                                                                          strict=True)
-                             if v[0] >= t), key=lambda x: (-x[0], x[1]))
+        need = item_threshold(ref.item_len[list(best)], stage.ref_threshold, stage.n) if best else []
+        val_leaked = sorted(((f, ref.item_names[it], row, share) for (it, (f, (row, share))), bar
+                             in zip(best.items(), need, strict=True) if f >= bar), key=lambda x: (-x[0], x[1]))
     index = ref.index if ref is not None else None
     summary = {
         "mode": stage.mode, "n": stage.n, "action": stage.action, "threshold": stage.threshold,
         "ref_threshold": stage.ref_threshold, "references": ", ".join(names),
         "index_ngrams": len(index) if index is not None else 0,
         "index_mb": round((index.nbytes if index is not None else 0) / 2**20, 2),
-        "rows_scanned": s.get("rows", 0), "tokens_scanned": s.get("tokens", 0),
-        "rows_with_any_match": s.get("matched_rows", 0), "rows_contaminated": s.get("contaminated", 0),
-        "rows_exact_copies": s.get("exact_copies", 0),
-        "rows_dropped": s.get("dropped", 0), "rows_masked": s.get("masked", 0),
-        "rows_shorter_than_n": s.get("short_rows", 0),
+        "rows_scanned": t.get("rows"), "tokens_scanned": t.get("tokens"),
+        "rows_with_any_match": t.get("matched_rows"), "rows_contaminated": t.get("contaminated"),
+        "rows_exact_copies": t.get("exact_copies"),
+        "rows_dropped": t.get("dropped"), "rows_masked": t.get("masked"),
+        "rows_shorter_than_n": t.get("short_rows"),
     }
     if stage.validation_sources:
         summary.update({
-            "validation_rows": s.get("val_rows", 0),
+            "validation_rows": t.get("val_rows"),
             "validation_rows_found_in_train": len(val_leaked),
-            "cross_split_exact_duplicates": s.get("exact_count", 0),
-            "cross_split_near_duplicates": s.get("near_count", 0),
+            "cross_split_exact_duplicates": t.get("exact_count"),
+            "cross_split_near_duplicates": t.get("near_count"),
         })
+
+    def bins(name: str, n: int) -> list[int]:
+        return t.hists[name].tolist() if name in t.hists else [0] * n
+
     blocks: list[dict[str, Any]] = [
         {"type": "bar", "title": "Rows per reference set", "labels": names,
-         "series": {"contaminated (best match)": s.get("per_set_contaminated", [0] * len(names)),
-                    "any matching n-gram": s.get("per_set_any", [0] * len(names))}},
+         "series": {"contaminated (best match)": bins("per_set_contaminated", len(names)),
+                    "any matching n-gram": bins("per_set_any", len(names))}},
         {"type": "histogram", "title": "Overlap of rows with at least one matching n-gram",
          "edges": HIST_EDGES, "x_label": "share",
-         "series": {"overlap_ratio (row tokens covered)": s.get("ratio_hist", [0] * 20),
-                    "overlap_ref_coverage (item tokens present)": s.get("coverage_hist", [0] * 20)},
+         "series": {"overlap_ratio (row tokens covered)": bins("ratio_hist", 20),
+                    "overlap_ref_coverage (item tokens present)": bins("coverage_hist", 20)},
          "markers": [{"label": "threshold", "value": stage.threshold},
                      {"label": "ref_threshold", "value": stage.ref_threshold}]},
         {"type": "table", "title": "Reference sets",
@@ -208,12 +174,12 @@ def describe(stage: OverlapStage, s: dict[str, Any], item_text: Callable[[int], 
         blocks.append({"type": "table", "title": "Validation rows found in training (validation -> train)",
                        "columns": ["validation row", "training row", "validation tokens covered",
                                    "training row share"],
-                       "rows": [[v, t, round(f, 3), round(rt, 3)] for f, v, t, rt in val_leaked[:20]]})
-        if s.get("exact"):
+                       "rows": [[v, tr, round(f, 3), round(rt, 3)] for f, v, tr, rt in val_leaked[:20]]})
+        if t.items("exact"):
             blocks.append({"type": "table", "title": "Exact duplicates across splits (normalised)",
-                           "columns": ["training row", "validation row"], "rows": [list(p) for p in s["exact"]]})
+                           "columns": ["training row", "validation row"], "rows": [list(p) for p in t.items("exact")]})
     items = []
-    for ex in s.get("examples", []):
+    for ex in balanced(t.items("examples"), stage.max_examples):
         ex = dict(ex)
         it = ex.pop("item")
         ex["reference"] = item_text(it)[:1500] if it >= 0 else None

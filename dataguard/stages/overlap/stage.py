@@ -122,7 +122,6 @@ class OverlapStage(Stage):
         self._encoder = Encoder(mode, self.norm, tokenizer)
         self._ref: ReferenceIndex | None = None  # fitted state, shipped to workers
         self._item_texts: list[str] | None = None  # driver only
-        self._stats: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Workers need the index, not the texts (the encoder drops its tokenizer itself)."""
@@ -222,11 +221,7 @@ class OverlapStage(Stage):
         mask = pc.is_in(batch.column("source"), value_set=pa.array(self.validation_sources, pa.string()))
         return pc.fill_null(mask, False).to_numpy(zero_copy_only=False).astype(bool)
 
-    # -- report ---------------------------------------------------------------------------
-    def absorb(self, stats: Sequence[Any]) -> None:
-        n_sets = len(self._ref.set_names) if self._ref is not None else 0
-        self._stats = report.merge_stats(stats, n_sets, self.max_examples)
-
+    # -- report (``apply``'s tallies are merged into ``self.tally`` by the base ``absorb``) --
     def _item_text(self, it: int) -> str:
         if self._item_texts is None:  # in a process that did not fit: reload the references
             texts: list[str] = []
@@ -240,4 +235,4 @@ class OverlapStage(Stage):
         return {"splits": {"validation": list(self.validation_sources)}}
 
     def describe(self) -> dict[str, Any]:
-        return report.describe(self, self._stats or {}, self._item_text)
+        return report.describe(self, self.tally, self._item_text)

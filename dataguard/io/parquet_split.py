@@ -1,0 +1,128 @@
+"""Parquet inputs read by the workers: the driver plans row ranges from the file's footer
+(no row is read there), and each unit's worker reads only the row groups its range touches.
+
+The units are the ones the whole-file reader gives (``batch_rows`` rows each, in file
+order), and so are their rows: the same Arrow-to-record conversion (`arrow_reader`; a row's
+record does not depend on which rows are converted with it). A row group is decoded whole,
+so a worker keeps the last one it decoded: the units of one group (dispatched in order) cost
+each worker one decode, not one per unit. One difference, on purpose: a damaged row group costs only the units
+that touch it (one ``unreadable_file`` row each, after the rows read before it), where
+the whole-file reader stops at the first damage and loses the rest of the file.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dataguard.io.arrow_reader import ARROW_BATCH_BYTES, _arrow_rows, _type_depth
+from dataguard.io.bounded import InputError
+from dataguard.io.jsonscan import MAX_DEPTH
+from dataguard.io.raw import RawBatch
+
+
+@dataclass(frozen=True)
+class ParquetLayout:
+    """What the driver learns from a Parquet footer: rows, the first row of each row group,
+    and the conversion chunk size the whole-file reader would use."""
+
+    rows: int
+    group_starts: tuple[int, ...]
+    chunk_rows: int
+    stamp: tuple[int, int]  # (size, mtime_ns) when planned: a worker refuses a changed file
+
+
+def parquet_layout(path: Path, batch_rows: int) -> ParquetLayout | None:
+    """The footer's facts, or None where the whole-file reader must handle the file (an
+    unreadable footer or a schema nested deeper than allowed: it turns those into rows)."""
+    import pyarrow.parquet as pq
+
+    try:
+        stat = path.stat()
+        meta = pq.ParquetFile(path).metadata
+        depth = 1 + max((_type_depth(f.type) for f in meta.schema.to_arrow_schema()), default=0)
+    except Exception:  # noqa: BLE001 - any pyarrow failure: the reader reports it as a row
+        return None
+    if depth > MAX_DEPTH:
+        return None
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    avg = max(1, sum(g.total_byte_size for g in groups) // max(1, meta.num_rows))
+    starts, total = [], 0
+    for group in groups:
+        starts.append(total)
+        total += group.num_rows
+    return ParquetLayout(rows=meta.num_rows, group_starts=tuple(starts),
+                         chunk_rows=max(1, min(batch_rows, ARROW_BATCH_BYTES // avg)),
+                         stamp=(stat.st_size, stat.st_mtime_ns))
+
+
+def parquet_splits(path: str, layout: ParquetLayout, batch_rows: int, max_bytes: int) -> Iterator[ParquetSplit]:
+    """Units of ``batch_rows`` rows (one unit standing for the empty_file row of an empty file)."""
+    if layout.rows == 0:
+        yield ParquetSplit(path, 0, 0, layout, max_bytes)
+        return
+    for start in range(0, layout.rows, batch_rows):
+        yield ParquetSplit(path, start, min(batch_rows, layout.rows - start), layout, max_bytes)
+
+
+@dataclass(frozen=True)
+class ParquetSplit:
+    """One unit of a Parquet file as a worker reads it: rows ``start`` .. ``start + rows``.
+    Small and picklable, like `dataguard.io.json_readers.LineSplit`."""
+
+    path: str
+    start: int
+    rows: int
+    layout: ParquetLayout
+    max_bytes: int
+
+    def read(self, source: str) -> RawBatch:
+        batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
+        stat = Path(self.path).stat()
+        if (stat.st_size, stat.st_mtime_ns) != self.layout.stamp:
+            raise InputError(f"input {source!r}: {self.path} changed while it was read (planned from its footer "
+                             "at the start of the run)")
+        if self.rows == 0:
+            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            return batch
+        for position, record, error, detail, raw in self._rows():
+            if error is None:
+                batch.add(position, record)
+            else:
+                batch.add_error(position, error, detail or error, raw)
+        return batch
+
+    def _rows(self) -> Iterator[tuple[int, Any, str | None, str | None, Any]]:
+        """The range's rows, converted at most ``chunk_rows`` at a time (bounded memory)."""
+        starts, end, position = self.layout.group_starts, self.start + self.rows, self.start
+        try:
+            while position < end:
+                group = bisect.bisect_right(starts, position) - 1
+                group_end = starts[group + 1] if group + 1 < len(starts) else end
+                hi = min(end, group_end, position + self.layout.chunk_rows)
+                table = _row_group(self.path, group).slice(position - starts[group], hi - position)
+                yield from _arrow_rows(table, position, self.max_bytes)
+                position = hi
+        except Exception as exc:  # noqa: BLE001 - a damaged row group: keep what was read, report the rest
+            yield (position, None, "unreadable_file",
+                   f"Parquet rows {position}-{end - 1} unreadable ({type(exc).__name__}: {exc}); "
+                   "the rest of this unit is lost", "")
+
+
+_LAST_GROUP: dict[str, Any] = {}  # {"key": (path, size, mtime, group), "table": the decoded group}
+
+
+def _row_group(path: str, group: int) -> Any:
+    """Row group ``group`` of ``path``, decoded once per worker while units ask for it."""
+    import pyarrow.parquet as pq
+
+    stat = Path(path).stat()
+    key = (path, stat.st_size, stat.st_mtime_ns, group)
+    if _LAST_GROUP.get("key") != key:
+        _LAST_GROUP.clear()  # drop the old group before decoding the next: one in memory
+        _LAST_GROUP["table"] = pq.ParquetFile(path).read_row_group(group)
+        _LAST_GROUP["key"] = key
+    return _LAST_GROUP["table"]
