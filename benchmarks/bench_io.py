@@ -8,6 +8,10 @@ point: readers stream, work units are bounded, shards are cut at `shard_rows`.
 
 Usage:  python benchmarks/bench_io.py [--sizes 100000,300000,1000000] [--workers 1,2] [--executor ray]
         (Ray: a local cluster of --workers CPUs; set RAY_TMPDIR to a folder of your own)
+        python benchmarks/bench_io.py --stages two-fits --sizes 100000 --code /tmp/wt_base
+        (`--stages two-fits`: two consecutive fit stages that share one boundary - exact dedup
+        in flag mode, then a drift check on prompt lengths; `--code DIR` imports dataguard from
+        another checkout, e.g. `git worktree add /tmp/wt_base <commit>`, to compare engines)
 
 Columns: wall seconds, rows/s, peak RSS of the whole process tree, peak RSS of the driver
 alone, and CPU seconds of the driver and of its pool workers (RUSAGE_SELF / RUSAGE_CHILDREN of
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -97,18 +102,30 @@ DRIVER = ("import resource, sys\n"
           "sys.exit(code)\n")
 
 
+# Stage lists --stages chooses from. two-fits: two fit stages whose boundary is shared (the
+# dedup stage's flag-mode apply only adds columns the drift stage never reads).
+STAGES = {
+    "none": "stages: []\n",
+    "two-fits": ("stages:\n  - dedup: {action: flag}\n"
+                 f"  - drift: {{reference: {REPO / 'sample_data/alpaca_en_demo.json'}, columns: [prompt_chars], "
+                 "categorical: [], label_column: null, text: false}\n"),
+}
+
+
 def run_once(input_path: Path, out: Path, workers: int, batch_rows: int,
-             executor: str = "local") -> tuple[float, ...]:
+             executor: str = "local", stages: str = "none", code: str = "") -> tuple[float, ...]:
     """Seconds, peak RSS of the process tree (MB), peak RSS of the driver alone (MB), and
-    CPU seconds of the driver and of its workers."""
+    CPU seconds of the driver and of its workers. ``code``: a checkout to import dataguard from."""
     config = out.parent / f"{out.name}.yaml"
-    config.write_text(f"inputs:\n  - path: {input_path}\n    name: bench\nstages: []\n"
+    config.write_text(f"inputs:\n  - path: {input_path}\n    name: bench\n{STAGES[stages]}"
                       f"batch_rows: {batch_rows}\nreport: false\nexecutor: {executor}\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
     driver_rss = out.parent / f"{out.name}.driver-rss"
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", DRIVER, str(driver_rss), "run", str(config), "--output", str(out),
-                    "--workers", str(workers), "--no-report", "--quiet"], check=True, capture_output=True)
+                    "--workers", str(workers), "--no-report", "--quiet"], check=True, capture_output=True,
+                   env=env, cwd=code or None)
     seconds = time.perf_counter() - start
     # ru_maxrss of children is the max over all waited-for descendants (KiB on Linux).
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -123,11 +140,15 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=5000)
     parser.add_argument("--executor", default="local", choices=("local", "ray"),
                         help="ray: a local Ray cluster of --workers CPUs (set RAY_TMPDIR to a folder of yours)")
-    parser.add_argument("--one", nargs=5, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS", "EXECUTOR"),
+    parser.add_argument("--stages", default="none", choices=sorted(STAGES),
+                        help="two-fits: exact dedup (flag) then drift, two fit stages sharing one boundary")
+    parser.add_argument("--code", default="", help="import dataguard from this checkout (default: this one)")
+    parser.add_argument("--one", nargs=7, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS", "EXECUTOR", "STAGES", "CODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(*run_once(Path(args.one[0]), Path(args.one[1]), int(args.one[2]), int(args.one[3]), args.one[4]))
+        print(*run_once(Path(args.one[0]), Path(args.one[1]), int(args.one[2]), int(args.one[3]), args.one[4],
+                        args.one[5], args.one[6]))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
@@ -141,7 +162,8 @@ def main() -> None:
                 # each measurement in its own interpreter so ru_maxrss is not carried over
                 res = subprocess.run([sys.executable, __file__, "--one", str(input_path),
                                       str(Path(tmp) / f"out-{rows}-{w}"), str(w), str(args.batch_rows),
-                                      args.executor], check=True, capture_output=True, text=True)
+                                      args.executor, args.stages, args.code], check=True, capture_output=True,
+                                     text=True)
                 seconds, peak, driver, driver_cpu, workers_cpu = (float(x) for x in res.stdout.split())
                 print(f"{rows:>9,} {size / 1e6:>9.1f} {w:>7} {args.executor:>8} {seconds:>8.1f} "
                       f"{rows / seconds:>9,.0f} {peak:>12.0f} {driver:>10.0f} {driver_cpu:>12.1f} {workers_cpu:>13.1f}",

@@ -199,11 +199,12 @@ class Pipeline:
             for meta in metas:
                 for key, seconds in meta["seconds"].items():
                     stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
-            if segment.fit_step is not None:
+            for i in segment.fit_steps:  # a shared boundary fits its stages in step order
                 fit_start = time.time()
-                steps[segment.fit_step].fit([m["summary"] for m in metas])
-                key = step_key(segment.fit_step, steps)
+                steps[i].fit([m["summaries"][i] for m in metas])
+                key = step_key(i, steps)
                 stage_seconds[key] = stage_seconds.get(key, 0.0) + time.time() - fit_start
+            _release(metas)
         for segment, metas in zip(segments, metas_by_segment, strict=True):
             for op, i in segment.ops:
                 if op == APPLY:
@@ -235,7 +236,7 @@ class Pipeline:
         if segment.index > 0:
             for meta in metas_by_segment[-1]:
                 yield UnitTask(unit=meta["unit"], source=meta["source"], out=work.unit(segment.index, meta["unit"]),
-                               previous=work.unit(segment.index - 1, meta["unit"]))
+                               previous=work.unit(segment.index - 1, meta["unit"]), marks=meta["marks"])
             return
         options = {}
         for unit, (spec, what) in enumerate(plan.units()):
@@ -307,3 +308,14 @@ def _check_unique_names(specs: Sequence[InputSpec]) -> None:
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _release(metas: list[dict[str, Any]]) -> None:
+    """Hold less per unit once a segment is fitted: the fit summaries are dropped (a resumed
+    run refits from the copies in the work folder) and identical serialized schemas (about
+    10 KB each for a typical run) are kept once, not once per unit and segment."""
+    schemas: dict[bytes, bytes] = {}
+    for meta in metas:
+        meta["summaries"] = {}
+        if isinstance(meta.get("schema"), bytes):
+            meta["schema"] = schemas.setdefault(meta["schema"], meta["schema"])

@@ -20,6 +20,27 @@ Life of a stage in a run (see `dataguard.pipeline` and `dataguard.run.segment`):
    base class merges them into ``self.tally`` (a stage overrides it only to derive state).
 6. ``describe() -> dict`` - statistics and examples for the manifest and audit report.
 
+Sharing a fit boundary (optional; the default is not to share). Fit stage A directly
+followed by fit stage B costs two passes over the data (``..., score A, summarize A | fit A |
+apply A, score B, summarize B | fit B | apply B, ...``) unless both declare what they touch:
+
+* ``apply_adds()`` - None (the default): ``apply`` may reject rows or change existing columns.
+  A set of names: with *this instance's parameters* ``apply`` keeps every row and writes
+  only these columns (``set_column``: appended, or replaced in place); no other column changes.
+* ``columns_read()`` - None (the default): unknown. A set of names: every column ``score``,
+  ``summarize`` and ``apply`` read, or whose presence changes what they do (a reused
+  ``prompt_embedding``, a weight column). A stage declaring it also lists every column its
+  ``score`` and ``apply`` add in ``output_columns()``.
+
+Then B joins A's boundary (``score A, summarize A, score B, summarize B | fit A, fit B |
+apply A, apply B``) when A's ``apply_adds()`` and ``columns_read()`` and B's
+``columns_read()`` are declared, B neither reads nor writes (``output_columns``) a column A's
+apply adds, and A reads no column B adds (`dataguard.run.segment.can_share`; a third
+stage C joins on the same terms against both). Only directly consecutive fit stages share:
+a row-local stage between them closes the boundary. The output is byte-identical either way;
+the runner checks that a shared apply kept every row and added no undeclared column (it
+cannot check values: an apply that rewrites another column must return None).
+
 A stage that needs no global statistics leaves ``needs_fit = False`` and only implements
 ``apply`` (and usually ``score``). The split mirrors scikit-learn's fit/transform and
 data-juicer's compute-stats/process: scores stay as columns so users can re-threshold.
@@ -181,6 +202,17 @@ class Stage:
     def output_columns(self) -> dict[str, pa.DataType]:
         """Columns this stage adds (name -> type), used to keep shard schemas stable."""
         return {}
+
+    def apply_adds(self) -> frozenset[str] | None:
+        """With this instance's parameters, the only columns ``apply`` writes, when it keeps
+        every row and changes no other column; None (the default) otherwise.
+        Lets the next fit stage share this stage's fit boundary (see the module docstring)."""
+        return None
+
+    def columns_read(self) -> frozenset[str] | None:
+        """Every column ``score``, ``summarize`` and ``apply`` read (or whose presence changes
+        what they do); None (the default): unknown, so this stage shares no fit boundary."""
+        return None
 
     def training_state(self) -> dict[str, Any] | None:
         """What the training runner needs from this stage (priors, offsets, caps), written to

@@ -209,8 +209,10 @@ _DATASET_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 
 def read_hf(spec: InputSpec, source: str, batch_rows: int, max_bytes: int) -> Iterator[Row]:
     dataset = spec.dataset if spec.dataset is not None else _load_dataset(spec, source)
-    if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):
-        raise InputError(f"input {source!r} is a DatasetDict; name one split (e.g. {spec.path}/train)")
+    if isinstance(dataset, dict):  # a DatasetDict (a dict of splits; it has column_names too)
+        splits = ", ".join(map(str, dataset)) or "none"
+        raise InputError(f"input {source!r} is a DatasetDict with splits {splits}; name one split "
+                         f"(e.g. {spec.path}/{next(iter(dataset), 'train')})")
     if not hasattr(dataset, "with_format") or not hasattr(dataset, "__len__"):
         raise InputError(f"input {source!r}: expected a datasets.Dataset, got {type(dataset).__name__}")
     arrow = dataset.with_format("arrow")

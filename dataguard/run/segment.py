@@ -7,12 +7,21 @@ touching disk in between. A stage that needs global statistics ends a segment: i
 ``score`` and ``summarize`` run at the end of one segment, the driver calls ``fit`` on all
 summaries, and its ``apply`` opens the next segment.
 
+Consecutive fit stages share one boundary where the earlier one's ``apply`` cannot change
+what the later one measures (`can_share`, from the stages' declarations
+``Stage.apply_adds`` and ``Stage.columns_read``): ``score A, summarize A, score B,
+summarize B | fit A, fit B | apply A, apply B``. The columns A's apply adds are then moved
+to where the sequential plan puts them (before B's score columns), so the output is the same.
+
 The ops, in the order a segment lists them:
 
 * ``source`` - the source adapter's ``normalize(raw_batch, options) -> Outcome``;
 * ``score`` - ``Stage.score(table)``: adds columns;
-* ``summarize`` - ``Stage.summarize(table)``: the unit's fit summary (one per segment);
-* ``apply`` - ``Stage.apply(table) -> Outcome``: kept and rejected rows, batch stats.
+* ``summarize`` - ``Stage.summarize(table)``: the unit's fit summary for that step;
+* ``apply`` - ``Stage.apply(table) -> Outcome``: kept and rejected rows, batch stats;
+* ``mark`` - (shared boundary) before a later member's ``score``: remember the column count;
+* ``place`` - (shared boundary) after an earlier member's ``apply``: move the columns it
+  added to the position the step's mark remembered (shifted by those placed before).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import Any, Protocol, cast
 import pyarrow as pa
 
 from dataguard.executors.process import one_math_thread
+from dataguard.io.hf_split import HfSplit
 from dataguard.io.json_readers import LineSplit
 from dataguard.io.parquet_split import ParquetSplit
 from dataguard.io.raw import RawBatch, SourceOptions
@@ -32,6 +42,7 @@ from dataguard.run.workdir import UnitFiles
 from dataguard.stage import Outcome, Stage
 
 SOURCE, SCORE, SUMMARIZE, APPLY = "source", "score", "summarize", "apply"
+MARK, PLACE = "mark", "place"
 Op = tuple[str, int]  # (op, step index)
 
 
@@ -45,25 +56,65 @@ class SourceAdapter(Protocol):
 
 @dataclass
 class Segment:
-    """Fused row-local work; ``ops`` are (op, step index); ``fit_step`` is fitted after it."""
+    """Fused row-local work; ``ops`` are (op, step index); ``fit_steps`` are fitted after it,
+    in order (several where consecutive fit stages share the boundary)."""
 
     index: int
     ops: list[Op]
-    fit_step: int | None = None
+    fit_steps: tuple[int, ...] = ()
+
+    @property
+    def fit_step(self) -> int | None:
+        """The last step fitted after this segment (None: the final segment)."""
+        return self.fit_steps[-1] if self.fit_steps else None
+
+
+def can_share(group: Sequence[Stage], later: Stage) -> bool:
+    """Whether fit stage ``later``, directly after the fit stages ``group`` (each directly
+    after the one before), may be scored and summarized before their applies run: every
+    member's apply keeps every row and only adds declared columns (``apply_adds``), and
+    ``later`` neither reads nor writes those columns, nor adds a column a member reads."""
+    later_reads = later.columns_read()
+    if later_reads is None:
+        return False
+    later_writes = set(later.output_columns())
+    for stage in group:
+        adds, reads = stage.apply_adds(), stage.columns_read()
+        if adds is None or reads is None:
+            return False
+        if set(adds) & (set(later_reads) | later_writes) or set(reads) & later_writes:
+            return False
+    return True
 
 
 def plan_segments(steps: Sequence[Stage]) -> list[Segment]:
-    """Split the steps (source adapter first, then the stages) at each stage that needs a fit."""
+    """Split the steps (source adapter first, then the stages) at each stage that needs a
+    fit; a fit stage directly after one joins its boundary where `can_share` allows."""
     segments: list[Segment] = []
     ops: list[Op] = [(SOURCE, 0)]
+    group: list[int] = []  # the fit steps of the boundary being built (their applies wait)
+
+    def close() -> None:
+        nonlocal ops
+        segments.append(Segment(index=len(segments), ops=ops, fit_steps=tuple(group)))
+        ops = [(APPLY, group[0])]
+        for j in group[1:]:
+            ops += [(PLACE, j), (APPLY, j)]
+        group.clear()
+
     for i, stage in enumerate(steps[1:], start=1):
+        if group and not (stage.needs_fit and can_share([steps[j] for j in group], stage)):
+            close()
+        if group:
+            ops.append((MARK, i))
         ops.append((SCORE, i))
         if stage.needs_fit:
             ops.append((SUMMARIZE, i))
-            segments.append(Segment(index=len(segments), ops=ops, fit_step=i))
-            ops = [(APPLY, i)]
+            group.append(i)
         else:
             ops.append((APPLY, i))
+    if group:
+        close()
     segments.append(Segment(index=len(segments), ops=ops))
     return segments
 
@@ -93,7 +144,8 @@ class UnitTask:
     raw: RawBatch | None = None
     options: SourceOptions | None = None
     previous: UnitFiles | None = None
-    split: LineSplit | ParquetSplit | None = None
+    split: LineSplit | ParquetSplit | HfSplit | None = None
+    marks: dict[int, int] | None = None  # the previous segment's marks (shared boundary)
 
 
 class SideTask(Protocol):
@@ -129,11 +181,15 @@ class _UnitRun:
         self.rejected: list[pa.Table] = []
         self.formats: dict[str, int] = {}
         self.raw = task.raw
+        self.marks: dict[int, int] = {}  # step -> column count before its score (MARK)
+        self.placed = 0  # columns PLACE moved so far: later marks shift by these
+        self.before_apply: list[str] = []  # the last apply's input: its columns, rows and step
+        self.rows_before_apply = self.applied = 0
 
     def run(self) -> dict[str, Any]:
         task = self.task
         table: pa.Table | None = None
-        summary: Any = None
+        summaries: dict[int, Any] = {}
         if task.split is not None:  # read here, in the worker: the driver never holds these rows
             start = time.perf_counter()
             self.raw = task.split.read(task.source)
@@ -154,9 +210,14 @@ class _UnitRun:
             elif op == SCORE:
                 table = stage.score(table)
             elif op == SUMMARIZE:
-                summary = stage.summarize(table)
+                summaries[index] = stage.summarize(table)
             elif op == APPLY:
+                self.before_apply, self.rows_before_apply, self.applied = table.column_names, table.num_rows, index
                 table = self._decide(index, table.num_rows, stage.apply(table))
+            elif op == MARK:
+                self.marks[index] = table.num_columns
+            elif op == PLACE:
+                table = self._place(index, table)
             else:
                 raise ValueError(f"unknown op {op!r}")
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
@@ -164,9 +225,27 @@ class _UnitRun:
         meta = {
             "unit": task.unit, "source": task.source, "rows_in": rows_in, "kept": table.num_rows,
             "rejected": sum(t.num_rows for t in self.rejected), "counts": self.counts, "stats": self.stats,
-            "summary": summary, "seconds": self.seconds, "formats": self.formats,
+            "summaries": summaries, "marks": self.marks, "seconds": self.seconds, "formats": self.formats,
         }
         return task.out.write(table, self.rejected, meta)
+
+    def _place(self, index: int, table: pa.Table) -> pa.Table:
+        """Move the columns the last apply added to where the sequential plan has them:
+        before the columns step ``index``'s score added (its mark, shifted by earlier moves).
+        Checks what it can of that apply's declaration (`Stage.apply_adds`) on the way."""
+        if self.task.marks is None or index not in self.task.marks:
+            raise ValueError(f"unit {self.task.unit}: no column mark for step {index} from the previous segment")
+        stage = self.steps[self.applied]
+        n_before, names = len(self.before_apply), table.column_names
+        declared = stage.apply_adds() or frozenset()
+        if (table.num_rows != self.rows_before_apply or names[:n_before] != self.before_apply
+                or not set(names[n_before:]) <= declared):
+            raise RuntimeError(f"stage {stage.name!r} shares a fit boundary, but its apply did not keep every row "
+                               f"and only add {sorted(declared)} (added {names[n_before:]}): fix its apply_adds()")
+        at = self.task.marks[index] + self.placed
+        self.placed += len(names) - n_before
+        order = [*range(at), *range(n_before, len(names)), *range(at, n_before)]
+        return table if order == list(range(len(names))) else table.select(order)
 
     def _source(self, adapter: SourceAdapter, index: int) -> pa.Table:
         raw = self.raw

@@ -9,13 +9,14 @@ boundaries depend on the file's bytes, ``split_bytes`` and ``batch_rows`` only, 
 scheduling; a file smaller than ``split_bytes`` gets exactly the units the whole-file reader
 gives (``batch_rows`` records each).
 
-A Parquet file is planned from its footer alone (`dataguard.io.parquet_split`): units of
-``batch_rows`` rows that the workers read from the row groups themselves.
+A Parquet file is planned from its footer alone (`dataguard.io.parquet_split`), a saved
+Hugging Face dataset from its length (`dataguard.io.hf_split`; memory-mapped): units of
+``batch_rows`` rows that the workers read themselves.
 
 Other inputs are read in the driver as before (`dataguard.io.readers.read_batches`, JSON
 lines parsed in the worker): a ``.gz`` stream cannot be entered in the middle, and JSON
-arrays, CSV (quoted fields may hold newlines) and in-memory or saved HF datasets have no
-cheap exact split that this module implements yet.
+arrays and CSV (quoted fields may hold newlines) have no exact split without a sequential
+scan, and in-memory datasets do not travel to workers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataguard.io.hf_split import HfLayout, HfSplit, hf_layout, hf_splits
 from dataguard.io.json_readers import LineSplit
 from dataguard.io.line_index import LineIndex, index_lines, plan_line_ranges
 from dataguard.io.parquet_split import ParquetLayout, ParquetSplit, parquet_layout, parquet_splits
@@ -91,13 +93,12 @@ class InputPlan:
                   for i, spec in enumerate(self.specs) if splittable(spec)
                   for r, (start, end) in enumerate(_ranges(spec, split_bytes))]
         self.indexes: dict[int, list[LineIndex]] = {}
-        self.layouts: dict[int, ParquetLayout] = {}
+        # else (None) the whole-file reader reports what is wrong, as a row or one error line
+        self.layouts: dict[int, ParquetLayout | HfLayout] = {}
         for i, spec in enumerate(self.specs):
-            if spec.dataset is None and spec.path is not None and spec.resolved_reader() == "parquet" \
-                    and Path(spec.path).is_file():
-                layout = parquet_layout(Path(spec.path), batch_rows)
-                if layout is not None:  # else the whole-file reader reports what is wrong, as a row
-                    self.layouts[i] = layout
+            layout = _arrow_layout(spec, batch_rows)
+            if layout is not None:
+                self.layouts[i] = layout
         infos: dict[int, dict[str, Any]] = {}
         for result in sorted(run_tasks(tasks), key=lambda res: res["key"]) if tasks else []:
             if "info" in result:
@@ -107,19 +108,34 @@ class InputPlan:
         # in-memory datasets are described here: they do not travel to workers
         self.input_info = [infos[i] if i in infos else describe_input(spec) for i, spec in enumerate(self.specs)]
 
-    def units(self) -> Iterator[tuple[InputSpec, LineSplit | ParquetSplit | RawBatch]]:
+    def units(self) -> Iterator[tuple[InputSpec, LineSplit | ParquetSplit | HfSplit | RawBatch]]:
         """(input, what its next unit reads), lazily: raw batches are read only when asked for."""
         for i, spec in enumerate(self.specs):
             if i in self.indexes:
                 for split in line_splits(str(spec.path), self.indexes[i], self.batch_rows):
                     yield spec, split
             elif i in self.layouts:
-                for parquet in parquet_splits(str(spec.path), self.layouts[i], self.batch_rows,
-                                              DEFAULT_MAX_RECORD_BYTES):
-                    yield spec, parquet
+                layout = self.layouts[i]
+                parts = (parquet_splits(str(spec.path), layout, self.batch_rows, DEFAULT_MAX_RECORD_BYTES)
+                         if isinstance(layout, ParquetLayout) else
+                         hf_splits(spec, layout, self.batch_rows, DEFAULT_MAX_RECORD_BYTES))
+                for part in parts:
+                    yield spec, part
             else:
                 for raw in read_batches(spec, batch_rows=self.batch_rows, defer_parse=True):
                     yield spec, raw
+
+
+def _arrow_layout(spec: InputSpec, batch_rows: int) -> ParquetLayout | HfLayout | None:
+    """How a Parquet file or a saved dataset is split, from its footer or length alone."""
+    if spec.dataset is not None or spec.path is None or not Path(spec.path).exists():
+        return None
+    reader = spec.resolved_reader()
+    if reader == "parquet" and Path(spec.path).is_file():
+        return parquet_layout(Path(spec.path), batch_rows)
+    if reader == "hf":
+        return hf_layout(spec, batch_rows)
+    return None
 
 
 def _ranges(spec: InputSpec, split_bytes: int) -> list[tuple[int, int]]:

@@ -5,7 +5,8 @@ Layout (the only place these names are built)::
     _work/fingerprint                      what the work below was computed for
     _work/segNN/unit-NNNNNN.arrow          a unit's kept rows after segment NN
     _work/segNN/unit-NNNNNN.rejected.arrow the rows segment NN rejected from it (if any)
-    _work/segNN/unit-NNNNNN.meta.json      counts, stats, fit summary, file facts
+    _work/segNN/unit-NNNNNN.meta.json      counts, stats, fit summaries (by step), column marks,
+                                           file facts
 
 A unit's Arrow files are fsynced before its meta file is renamed into place, so the meta
 file is the completion marker: on resume a unit is skipped only if its meta decodes and
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 WORK = "_work"
 # What a unit's meta holds and how stages are numbered in it. Part of the fingerprint, so
 # work left by an engine that wrote metas differently is discarded instead of misread.
-WORK_FORMAT = 4  # 4: the overlap stage's unit stats became a Tally
+WORK_FORMAT = 5  # 5: fit stages may share a boundary (segment numbering; metas: summaries, marks)
 # Config keys that say where or how a run executes (or what trains on it later), not what
 # it produces: they never change the manifest or the resume fingerprint.
 RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output", "train")

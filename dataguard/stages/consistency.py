@@ -160,6 +160,13 @@ class ConsistencyStage(Stage):
             cols[RESPONSE_COLUMN] = pa.list_(pa.float32(), dim)
         return cols
 
+    def apply_adds(self) -> frozenset[str] | None:
+        """``flag`` keeps every row and only adds ``consistency_flag``."""
+        return frozenset(("consistency_flag",)) if self.action == "flag" else None
+
+    def columns_read(self) -> frozenset[str]:
+        return frozenset(("id", "messages", "consistency_score", PROMPT_COLUMN, RESPONSE_COLUMN))
+
     def score(self, batch: pa.Table) -> pa.Table:
         prompts = message_texts(batch, ("user",))
         responses = message_texts(batch, RESPONSE_ROLES)

@@ -99,6 +99,13 @@ class DedupStage(Stage):
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"content_hash": pa.uint64(), "is_duplicate": pa.bool_(), "duplicate_of": pa.string()}
 
+    def apply_adds(self) -> frozenset[str] | None:
+        """``flag`` keeps every row and only adds ``is_duplicate`` and ``duplicate_of``."""
+        return frozenset(("is_duplicate", "duplicate_of")) if self.action == "flag" else None
+
+    def columns_read(self) -> frozenset[str]:
+        return frozenset(("id", "messages", "content_hash"))
+
     def score(self, batch: pa.Table) -> pa.Table:
         hashes = content_hashes(batch, self.scope)
         return set_column(batch, "content_hash", pa.array(hashes, pa.uint64()))

@@ -125,6 +125,13 @@ class LongTailStage(Stage):
             cols[REPEAT_COLUMN] = REPEAT_TYPE
         return cols
 
+    def apply_adds(self) -> frozenset[str] | None:
+        """Without ``resample`` every row is kept and only weights and phases are added."""
+        return frozenset(("sample_weight", "curriculum_phase")) if self.resample is None else None
+
+    def columns_read(self) -> frozenset[str]:
+        return frozenset(("id", self.label_column, REPEAT_COLUMN))
+
     def _labels(self, batch: pa.Table) -> pa.ChunkedArray:
         if self.label_column not in batch.column_names:
             raise StageConfigError(f"label_column {self.label_column!r} is not a column of the data "

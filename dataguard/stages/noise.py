@@ -177,6 +177,17 @@ class NoiseStage(Stage):
             cols["original_label"] = pa.string()
         return cols
 
+    def apply_adds(self) -> frozenset[str] | None:
+        """``flag`` keeps every row and only adds the three verdict columns; ``drop`` rejects
+        rows and ``relabel`` rewrites the label column."""
+        return frozenset(("label_quality", "suggested_label", "is_label_issue")) if self.action == "flag" else None
+
+    def columns_read(self) -> frozenset[str]:
+        cols = {"id", "messages", self.label_column, self.embedding_column}
+        if self._probs_column is not None:
+            cols.add(self._probs_column)
+        return frozenset(cols)
+
     # -- summarize / fit --------------------------------------------------------------
     def _labels(self, batch: pa.Table) -> pa.Array:
         if self.label_column not in batch.column_names:

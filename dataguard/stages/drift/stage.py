@@ -129,6 +129,17 @@ class DriftStage(Stage):
             cols[REPEAT_COLUMN] = REPEAT_TYPE
         return cols
 
+    def apply_adds(self) -> frozenset[str] | None:
+        """Unless it resamples, apply keeps every row and only writes ``drift_weight``."""
+        return frozenset(("drift_weight",)) if self.correct != "resample" else None
+
+    def columns_read(self) -> frozenset[str]:
+        """Its columns (a derived feature reads ``messages``), the label, weight and
+        ``repeat`` columns, the texts and the ids (sample keys)."""
+        cols = {"id", "messages", REPEAT_COLUMN, *self.columns, *self.categorical}
+        cols.update(c for c in (self.label_column, self.weight_column) if c is not None)
+        return frozenset(cols)
+
     def _label(self, batch: pa.Table) -> str | None:
         """The label column when the data has it (a configured one must exist)."""
         if self.label_column is None:

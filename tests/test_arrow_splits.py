@@ -1,6 +1,7 @@
-"""Parquet inputs read by workers in row ranges: the bytes the whole-file reader's run
-gives, for any worker count and any row-group layout; the driver sends only descriptors;
-a damaged row group or a file changed mid-run is a clear row or error, never a crash."""
+"""Parquet files and saved Hugging Face datasets read by workers in row ranges: the bytes
+the whole-file reader's run gives, for any worker count and any row-group layout; the
+driver sends only descriptors; a damaged row group or a file changed mid-run is a clear
+row or error, never a crash."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 import dataguard.run.splits as splits_module
 from dataguard.io.bounded import InputError
+from dataguard.io.hf_split import HfSplit, hf_layout, hf_splits
 from dataguard.io.parquet_split import ParquetSplit, parquet_layout, parquet_splits
 from dataguard.io.readers import InputSpec, read_batches
 from dataguard.pipeline import Pipeline
@@ -129,3 +131,66 @@ def test_a_file_changed_after_planning_stops_the_unit(tmp_path: Path) -> None:
     os.utime(path, ns=(layout.stamp[1] + 10**9, layout.stamp[1] + 10**9))
     with pytest.raises(InputError, match="changed while it was read"):
         unit.read("s")
+
+
+# -- saved Hugging Face datasets ---------------------------------------------------------------
+
+def _saved_dataset(folder: Path, rows: int) -> Path:
+    datasets = pytest.importorskip("datasets")
+    table = pq.read_table(_parquet(folder.parent / f"{folder.name}.parquet", rows, 50))
+    datasets.Dataset(table).save_to_disk(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(("rows", "batch_rows"), [(1, 10), (230, 64), (100, 100)])
+def test_dataset_units_hold_the_rows_of_the_whole_reader(tmp_path: Path, rows: int, batch_rows: int) -> None:
+    spec = InputSpec(path=_saved_dataset(tmp_path / "ds", rows), name="s")
+    layout = hf_layout(spec, batch_rows)
+    assert layout is not None and layout.rows == rows
+    units = list(hf_splits(spec, layout, batch_rows, 1 << 20))
+    whole = list(read_batches(spec, batch_rows=batch_rows))
+    assert [len(u.read("s")) for u in units] == [len(b) for b in whole]
+    assert _rows(u.read("s") for u in units) == _rows(whole)
+
+
+def test_dataset_runs_give_the_driver_read_bytes_and_send_descriptors(tmp_path: Path, monkeypatch) -> None:
+    from dataguard.executors.local import LocalExecutor
+
+    folder = _saved_dataset(tmp_path / "ds", 500)
+    arrow_file = next(folder.glob("*.arrow"))
+    seen: list[Any] = []
+    original = LocalExecutor.run
+
+    def spy(self, state_bytes, tasks, progress):  # type: ignore[no-untyped-def]
+        tasks = list(tasks)
+        seen.extend(tasks)
+        return original(self, state_bytes, tasks, progress)
+
+    for path in (folder, arrow_file):
+        runs = {}
+        monkeypatch.setattr(LocalExecutor, "run", spy)
+        for name, workers in (("one", 1), ("two", 2)):
+            result = Pipeline([DedupStage(action="drop")], workers=workers, batch_rows=64).run(
+                [InputSpec(path=path, name="d")], tmp_path / f"{path.name}-{name}")
+            assert result.manifest["counts"]["balanced"] and result.rows_in == 500
+            runs[name] = _outputs(tmp_path / f"{path.name}-{name}")
+        units = [t for t in seen if isinstance(t, UnitTask) and t.previous is None]  # segment 0 reads the input
+        assert units and all(t.raw is None and isinstance(t.split, HfSplit) for t in units)
+        seen.clear()
+        monkeypatch.setattr(LocalExecutor, "run", original)
+        monkeypatch.setattr(splits_module, "hf_layout", lambda *_: None)
+        Pipeline([DedupStage(action="drop")], workers=1, batch_rows=64).run([InputSpec(path=path, name="d")],
+                                                                             tmp_path / f"{path.name}-driver")
+        monkeypatch.undo()
+        assert runs["one"] == runs["two"] == _outputs(tmp_path / f"{path.name}-driver")
+
+
+def test_a_dataset_dict_is_left_to_the_reader_and_its_one_line_error(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    # an empty saved dataset: `datasets` cannot load it, so the reader's one-line error stands
+    assert hf_layout(InputSpec(path=_saved_dataset(tmp_path / "empty", 0), name="e"), 10) is None
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([{"text": "a"}])}).save_to_disk(str(folder))
+    assert hf_layout(InputSpec(path=folder, name="dd"), 10) is None
+    with pytest.raises(InputError, match="is a DatasetDict with splits train; name one split"):
+        Pipeline([], workers=1).run([InputSpec(path=folder, name="dd")], tmp_path / "o")

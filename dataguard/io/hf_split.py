@@ -1,0 +1,115 @@
+"""Saved Hugging Face datasets (a ``save_to_disk`` folder or an ``.arrow`` file) read by the
+workers in row ranges: the data is memory-mapped, so opening it in every worker costs
+milliseconds and the driver only needs its length.
+
+The units are the ones the whole-dataset reader gives (``batch_rows`` rows each), with the
+same rows: the same Arrow-to-record conversion (`arrow_reader._arrow_rows`), where a row's
+record does not depend on which rows are converted with it. A dataset the whole reader
+refuses (a DatasetDict, a folder that is not a dataset, too deep a schema) is left to it,
+so its one-line error or rows stay the same. In-memory datasets passed from Python are
+not split: they do not travel to workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dataguard.io.arrow_reader import ARROW_BATCH_BYTES, _arrow_rows, _load_dataset, _row_nbytes, _type_depth
+from dataguard.io.bounded import InputError
+from dataguard.io.jsonscan import MAX_DEPTH
+from dataguard.io.raw import RawBatch
+
+if TYPE_CHECKING:
+    from dataguard.io.readers import InputSpec
+
+
+@dataclass(frozen=True)
+class HfLayout:
+    """What the driver learns from a saved dataset without reading its rows."""
+
+    rows: int
+    chunk_rows: int
+    fingerprint: str | None  # a worker refuses a dataset that changed since
+
+
+def hf_layout(spec: InputSpec, batch_rows: int) -> HfLayout | None:
+    """The dataset's length and conversion chunk, or None where the whole reader must run
+    (it turns every problem into the error or rows it gives today)."""
+    if spec.dataset is not None or spec.path is None:
+        return None
+    try:
+        dataset = _load_dataset(spec, str(spec.name))
+        if isinstance(dataset, dict) or not hasattr(dataset, "with_format"):
+            return None  # a DatasetDict: the reader names the splits
+        n = len(dataset)
+        if n == 0:
+            return HfLayout(rows=0, chunk_rows=1, fingerprint=getattr(dataset, "_fingerprint", None))
+        first = dataset.with_format("arrow")[0:1]
+        if 1 + max((_type_depth(f.type) for f in first.schema), default=0) > MAX_DEPTH:
+            return None
+        avg = max(1, int(_row_nbytes(first).sum()))
+        try:
+            avg = max(avg, dataset.data.nbytes // max(1, dataset.data.num_rows))
+        except Exception:  # noqa: BLE001 - only a chunk-size hint
+            pass
+    except Exception:  # noqa: BLE001 - InputError or anything `datasets` raises: the whole reader reports it
+        return None
+    return HfLayout(rows=n, chunk_rows=max(1, min(batch_rows, ARROW_BATCH_BYTES // avg)),
+                    fingerprint=getattr(dataset, "_fingerprint", None))
+
+
+def hf_splits(spec: InputSpec, layout: HfLayout, batch_rows: int, max_bytes: int) -> Iterator[HfSplit]:
+    """Units of ``batch_rows`` rows (one unit standing for the empty_file row of an empty dataset)."""
+    if layout.rows == 0:
+        yield HfSplit(spec, 0, 0, layout, max_bytes)
+        return
+    for start in range(0, layout.rows, batch_rows):
+        yield HfSplit(spec, start, min(batch_rows, layout.rows - start), layout, max_bytes)
+
+
+@dataclass(frozen=True)
+class HfSplit:
+    """Rows ``start`` .. ``start + rows`` of a saved dataset, as a worker reads them."""
+
+    spec: InputSpec
+    start: int
+    rows: int
+    layout: HfLayout
+    max_bytes: int
+
+    def read(self, source: str) -> RawBatch:
+        batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
+        dataset = _opened(self.spec)
+        if len(dataset) != self.layout.rows or getattr(dataset, "_fingerprint", None) != self.layout.fingerprint:
+            raise InputError(f"input {source!r}: {self.spec.path} changed while it was read (planned with "
+                             f"{self.layout.rows} rows at the start of the run, now {len(dataset)})")
+        if self.rows == 0:
+            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            return batch
+        arrow = dataset.with_format("arrow")
+        end = self.start + self.rows
+        for lo in range(self.start, end, self.layout.chunk_rows):
+            hi = min(end, lo + self.layout.chunk_rows)
+            for position, record, error, detail, raw in _arrow_rows(arrow[lo:hi], lo, self.max_bytes):
+                if error is None:
+                    batch.add(position, record)
+                else:
+                    batch.add_error(position, error, detail or error, raw)
+        return batch
+
+
+_OPENED: dict[str, Any] = {}  # {"key": (path, mtime), "dataset": the memory-mapped dataset}
+
+
+def _opened(spec: InputSpec) -> Any:
+    """The dataset, opened once per worker while its units arrive (memory-mapped: cheap)."""
+    path = Path(spec.path)
+    key = (str(path), path.stat().st_mtime_ns)
+    if _OPENED.get("key") != key:
+        _OPENED.clear()
+        _OPENED["dataset"] = _load_dataset(spec, str(spec.name))
+        _OPENED["key"] = key
+    return _OPENED["dataset"]
