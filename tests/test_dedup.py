@@ -151,3 +151,26 @@ def test_columns_on_empty_batch_validation_and_pickle() -> None:
     with pytest.raises(StageConfigError, match="scope"):
         DedupStage(scope="answer")
     assert pickle.loads(pickle.dumps(stage)).scope == "messages"
+
+
+def test_fitted_state_holds_only_repeated_contents(real_data: Path) -> None:
+    """The fit keeps a hash -> first id entry only for contents seen more than once (across
+    batches or inside one), so what the driver holds and ships grows with the duplicates,
+    not the rows; the result is the one a full table gives (checked against batch sizes)."""
+    table = canonical(real_data / "alpaca_en_demo/alpaca_en_demo.json", "alpaca")
+    doubled = pa.concat_tables([table, table.slice(0, 40), table.slice(5, 3)])
+    doubled = doubled.set_column(0, "id", pa.array([f"r{i}" for i in range(doubled.num_rows)]))
+    results = {}
+    for rows in (doubled.num_rows, 37, 1):  # one batch (repeats inside it), many, one row per batch
+        stage = DedupStage()
+        outs, _ = run_stage(stage, doubled, batch_rows=rows)
+        flags = [r["is_duplicate"] for r in kept_rows(outs)]
+        results[rows] = ([r["duplicate_of"] for r in kept_rows(outs)], flags)
+        distinct = len({tuple(map(str, r["messages"])) for r in table.to_pylist()})
+        assert stage.describe()["summary"]["distinct_contents"] == distinct
+        repeated_contents = len(stage._keys)
+        assert repeated_contents == len(stage._first) < distinct // 10  # a handful, not one per row
+        assert sum(flags) == doubled.num_rows - distinct
+    assert results[doubled.num_rows] == results[37] == results[1]
+    dup_of = results[37][0]
+    assert dup_of[table.num_rows] == "r0" and dup_of[table.num_rows + 40] == "r5"

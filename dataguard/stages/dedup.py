@@ -46,10 +46,12 @@ SNIPPET_CHARS = 200
 
 @dataclass
 class DedupSummary:
-    """Distinct hashes of one batch (first-occurrence order) and the id of their first row."""
+    """Distinct hashes of one batch (first-occurrence order), the id of their first row, and
+    which of them occur again later in the same batch (None: not recorded, so assume so)."""
 
     hashes: np.ndarray  # uint64
     first_ids: list[str]
+    repeated: np.ndarray | None = None  # bool per hash
 
 
 def content_hashes(table: pa.Table, scope: str = "messages") -> np.ndarray:
@@ -92,8 +94,12 @@ class DedupStage(Stage):
     def __init__(self, *, action: str = "flag", scope: str = "messages") -> None:
         self.action = action
         self.scope = scope
-        self._keys: np.ndarray = np.zeros(0, dtype=np.uint64)  # sorted distinct hashes
-        self._first: np.ndarray = np.zeros(0, dtype=object)  # first-occurrence id per key
+        # Only contents seen more than once are kept (sorted hash -> id of the first row): a
+        # hash not among them belongs to a row that is its own first occurrence. At 1M rows
+        # this is what the driver holds and ships to the workers, not a table of every row.
+        self._keys: np.ndarray = np.zeros(0, dtype=np.uint64)
+        self._first: np.ndarray = np.zeros(0, dtype=object)
+        self._distinct = 0
         self._fitted = False
 
     def output_columns(self) -> dict[str, pa.DataType]:
@@ -112,20 +118,28 @@ class DedupStage(Stage):
 
     def summarize(self, batch: pa.Table) -> DedupSummary:
         hashes = batch.column("content_hash").to_numpy()
-        uniq, first_pos = np.unique(hashes, return_index=True)
-        order = np.sort(first_pos)  # keep the batch's own order (first occurrences)
+        uniq, first_pos, counts = np.unique(hashes, return_index=True, return_counts=True)
+        order = np.argsort(first_pos)  # keep the batch's own order (first occurrences)
         ids = batch.column("id").to_pylist()
-        return DedupSummary(hashes=hashes[order].astype(np.uint64), first_ids=[ids[p] for p in order])
+        return DedupSummary(hashes=uniq[order].astype(np.uint64), first_ids=[ids[p] for p in first_pos[order]],
+                            repeated=counts[order] > 1)
 
     def fit(self, summaries: Sequence[DedupSummary]) -> None:
-        if summaries:
-            hashes = np.concatenate([s.hashes for s in summaries]).astype(np.uint64)
-            ids = np.array([i for s in summaries for i in s.first_ids], dtype=object)
-        else:
-            hashes, ids = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=object)
+        hashes = (np.concatenate([s.hashes for s in summaries]).astype(np.uint64) if summaries
+                  else np.zeros(0, dtype=np.uint64))
+        repeated = np.concatenate([s.repeated if s.repeated is not None else np.ones(len(s.hashes), bool)
+                                   for s in summaries]) if summaries else np.zeros(0, bool)
         # np.unique's return_index is the index of the FIRST occurrence: input order wins.
-        self._keys, first = np.unique(hashes, return_index=True)
-        self._first = ids[first]
+        keys, first, inverse, counts = np.unique(hashes, return_index=True, return_inverse=True, return_counts=True)
+        seen_again = counts > 1  # in another batch
+        seen_again[inverse[repeated]] = True  # or later in the same batch
+        self._distinct = int(len(keys))
+        self._keys = keys[seen_again]
+        wanted = first[seen_again]  # indices into the concatenated summaries
+        starts = np.cumsum([0] + [len(s.hashes) for s in summaries])
+        which = np.searchsorted(starts, wanted, side="right") - 1
+        self._first = np.array([summaries[w].first_ids[g - starts[w]] for w, g in
+                                zip(which.tolist(), wanted.tolist(), strict=True)], dtype=object)
         self._fitted = True
 
     def apply(self, batch: pa.Table) -> Outcome:
@@ -134,11 +148,10 @@ class DedupStage(Stage):
         hashes = batch.column("content_hash").to_numpy() if batch.num_rows else np.zeros(0, np.uint64)
         ids = np.array(batch.column("id").to_pylist(), dtype=object)
         pos = np.searchsorted(self._keys, hashes)
-        found = (pos < len(self._keys))
+        found = pos < len(self._keys)
         found[found] = self._keys[pos[found]] == hashes[found]
-        if not found.all():
-            raise RuntimeError("DedupStage.apply saw a hash that was not in its fit summaries")
-        first = self._first[pos] if len(pos) else np.zeros(0, dtype=object)
+        first = ids.copy()  # a content seen once is its own first occurrence
+        first[found] = self._first[pos[found]]
         dup = first != ids
         dup_of = [f if d else None for f, d in zip(first.tolist(), dup.tolist(), strict=True)]
         out = set_column(batch, "is_duplicate", pa.array(dup, pa.bool_()))
@@ -160,7 +173,7 @@ class DedupStage(Stage):
                                       "note": f"first seen as {e['duplicate_of']}"} for e in t.items("examples")]})
         return {
             "title": "Exact duplicates",
-            "summary": {"rows": t.get("rows"), "duplicates": t.get("duplicates"), "distinct_contents": int(len(self._keys)),
+            "summary": {"rows": t.get("rows"), "duplicates": t.get("duplicates"), "distinct_contents": self._distinct,
                         "scope": self.scope, "action": self.action},
             "blocks": blocks,
         }
