@@ -8,6 +8,7 @@ point: readers stream, work units are bounded, shards are cut at `shard_rows`.
 
 Usage:  python benchmarks/bench_io.py [--sizes 100000,300000,1000000] [--workers 1,2] [--executor ray]
         (Ray: a local cluster of --workers CPUs; set RAY_TMPDIR to a folder of your own)
+        python benchmarks/bench_io.py --format parquet --sizes 100000,1000000
         python benchmarks/bench_io.py --stages two-fits --sizes 100000 --code /tmp/wt_base
         (`--stages two-fits`: two consecutive fit stages that share one boundary - exact dedup
         in flag mode, then a drift check on prompt lengths; `--code DIR` imports dataguard from
@@ -91,6 +92,20 @@ def build_input(path: Path, rows: int) -> int:
     return path.stat().st_size
 
 
+def build_parquet(path: Path, rows: int, row_group_rows: int = 100_000) -> int:
+    """`rows` Alpaca records (one schema, as a Parquet file holds) cycling over the real
+    Alpaca file, in row groups of `row_group_rows`; returns bytes written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pool = json.loads(SOURCES[0].read_text())
+    with pq.ParquetWriter(path, pa.schema([(k, pa.string()) for k in ("id", "instruction", "input", "output")])) as w:
+        for start in range(0, rows, row_group_rows):
+            chunk = [dict(pool[i % len(pool)], id=f"r{i}") for i in range(start, min(rows, start + row_group_rows))]
+            w.write_table(pa.Table.from_pylist(chunk, schema=w.schema))
+    return path.stat().st_size
+
+
 # The driver runs in its own interpreter and reports, before it exits, its own peak RSS and
 # CPU seconds (RUSAGE_SELF: the driver alone) and the CPU seconds of its pool workers
 # (RUSAGE_CHILDREN). CPU seconds show where the work runs even on a machine others share.
@@ -143,6 +158,8 @@ def main() -> None:
     parser.add_argument("--stages", default="none", choices=sorted(STAGES),
                         help="two-fits: exact dedup (flag) then drift, two fit stages sharing one boundary")
     parser.add_argument("--code", default="", help="import dataguard from this checkout (default: this one)")
+    parser.add_argument("--format", default="jsonl", choices=("jsonl", "parquet"),
+                        help="parquet: Alpaca rows in one Parquet file (row groups of 100k), read by the workers")
     parser.add_argument("--one", nargs=7, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS", "EXECUTOR", "STAGES", "CODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -156,8 +173,8 @@ def main() -> None:
           f"{'peak RSS MB':>12} {'driver MB':>10} {'driver CPU s':>12} {'workers CPU s':>13}")
     with tempfile.TemporaryDirectory(prefix="dataguard-bench-") as tmp:
         for rows in sizes:
-            input_path = Path(tmp) / f"in-{rows}.jsonl"
-            size = build_input(input_path, rows)
+            input_path = Path(tmp) / f"in-{rows}.{args.format}"
+            size = build_input(input_path, rows) if args.format == "jsonl" else build_parquet(input_path, rows)
             for w in workers:
                 # each measurement in its own interpreter so ru_maxrss is not carried over
                 res = subprocess.run([sys.executable, __file__, "--one", str(input_path),

@@ -16,12 +16,13 @@ default stays ``rounds: 1``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from dataguard.noise.confident import NoiseEstimate
+from dataguard.noise import views as views_mod
+from dataguard.noise.confident import NoiseEstimate, within_budget
 
 
 def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
@@ -51,3 +52,31 @@ def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
         if same:
             break
     return probs, est, log
+
+
+def estimate_issues(stage: Any, summaries: Sequence[Any], y: np.ndarray, k: int,
+                    probs: np.ndarray | None) -> tuple[np.ndarray, NoiseEstimate]:
+    """The noise stage's estimate: out-of-sample probabilities from its own feature views
+    when none were given, confident learning on them, the extra rounds and the flag
+    budget. Records ``chosen_C``, ``round_log`` and ``budget_log`` on the stage."""
+    kind, views = "", {}
+    if probs is None:
+        if len(y):
+            kind, views = views_mod.feature_views(stage, summaries)
+            stage.chosen_C, probs = views_mod.first_probs(kind, views, y, k, C=stage.C, folds=stage.folds,
+                                                          seed=stage.seed, classifier=stage.classifier)
+        else:
+            probs = np.zeros((0, k))
+    est = stage._estimate(y, probs)
+    if stage.rounds > 1 and views:
+        chosen = stage.chosen_C
+
+        def refit(keep: np.ndarray) -> np.ndarray:
+            return views_mod.refit(kind, views, y, k, keep, chosen, folds=stage.folds, seed=stage.seed,
+                                   classifier=stage.classifier)
+
+        probs, est, stage.round_log = run_rounds(y, probs, est, refit, lambda p: stage._estimate(y, p),
+                                                 rounds=stage.rounds)
+    if stage.max_flagged is not None:
+        est, stage.budget_log = within_budget(est, stage.max_flagged)
+    return probs, est

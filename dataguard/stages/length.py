@@ -28,16 +28,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.params import FLAG, OPTIONAL_NAME, Interval, Options
-from dataguard.records import MESSAGES_TYPE, flat_messages, reject_rows, set_column
+from dataguard.records import flat_messages, reject_rows, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stages.length_report import describe_length
-from dataguard.stages.length_truncate import truncate_turns
+from dataguard.stages.length_truncate import MAX_EXAMPLES, plan_rows, rewrite_rows
 from dataguard.tally import Tally
 from dataguard.text.histogram import IntHistogram
 from dataguard.text.tokenizers import Tokenizer, check_tokenizer_spec, get_tokenizer
 
 ACTIONS = ("truncate", "drop")
-MAX_EXAMPLES = 20
 
 
 def _messages_arrays(batch: pa.Table) -> tuple[np.ndarray, list[str], list[str]]:
@@ -183,56 +182,10 @@ class LengthStage(Stage):
         stats = Tally(counts=Counter(rows_in=n, tokens_in=int(n_tokens.sum())))
         examples: list[dict[str, Any]] = []
 
-        reasons: list[str | None] = [None] * n
-        details: list[str | None] = [None] * n
-        short = content_tokens < self.min_tokens
-        for i in np.flatnonzero(short).tolist():
-            reasons[i] = "too_short"
-            details[i] = f"content tokens={int(content_tokens[i])} < min_tokens={self.min_tokens}"
-        cap = self.cap
-        long_rows = np.flatnonzero(~short & (n_tokens > cap)).tolist() if cap is not None else []
-        new_msgs: dict[int, list[dict[str, str]]] = {}
-        new_counts: dict[int, list[int]] = {}
-        for i in long_rows:
-            before = int(n_tokens[i])
-            if self.action == "drop":
-                reasons[i] = "too_long"
-                details[i] = f"n_tokens={before} > cap={cap}{self._cap_note()}"
-                continue
-            s, e = int(offsets[i]), int(offsets[i + 1])
-            result = truncate_turns(roles[s:e], contents[s:e], msg_tokens[s:e].tolist(), cap, self.tokenizer,
-                                    keep_system=self.keep_system, cut_final=self.cut_final)
-            if result is None:
-                reasons[i] = "too_long_untruncatable"
-                details[i] = (f"n_tokens={before} > cap={cap}{self._cap_note()}; still over after removing "
-                              f"all removable history (system and final turn are protected)")
-                continue
-            new_msgs[i], new_counts[i] = result
-
-        tokens_before = n_tokens.copy()
-        tokens_after = n_tokens.copy()
-        truncated = np.zeros(n, dtype=bool)
-        if new_msgs:
-            tok = self.tokenizer
-            msgs_py = batch.column("messages").to_pylist()
-            per_msg_py = batch.column("message_tokens").to_pylist()
-            for i, msgs in new_msgs.items():
-                msgs_py[i] = msgs
-                per_msg_py[i] = new_counts[i]
-                tokens_after[i] = sum(new_counts[i]) + tok.template_overhead(tuple(m["role"] for m in msgs))
-                truncated[i] = True
-                stats.add("tokens_removed_by_truncation", int(tokens_before[i] - tokens_after[i]))
-                if len(examples) < MAX_EXAMPLES:
-                    examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
-                                     "after": int(tokens_after[i]), "turns_before": int(offsets[i + 1] - offsets[i]),
-                                     "turns_after": len(msgs)})
-            batch = set_column(batch, "messages", pa.array(msgs_py, MESSAGES_TYPE))
-            batch = set_column(batch, "message_tokens", pa.array(per_msg_py, pa.list_(pa.int32())))
-            batch = set_column(batch, "n_tokens", pa.array(tokens_after.astype(np.int32), pa.int32()))
-        batch = set_column(batch, "truncated", pa.array(truncated, pa.bool_()))
-        batch = set_column(batch, "tokens_before", pa.array(tokens_before.astype(np.int32), pa.int32()))
-        batch = set_column(batch, "tokens_after", pa.array(tokens_after.astype(np.int32), pa.int32()))
-
+        reasons, details, new_msgs, new_counts = plan_rows(self, n_tokens, content_tokens, offsets, roles, contents,
+                                                           msg_tokens)
+        batch, tokens_before, tokens_after, truncated = rewrite_rows(self, batch, n_tokens, offsets, new_msgs,
+                                                                     new_counts, stats, examples)
         reject_mask = np.array([r is not None for r in reasons], dtype=bool)
         rej_idx = np.flatnonzero(reject_mask)
         rejected = reject_rows(batch, reject_mask, self.name, [reasons[i] for i in rej_idx],

@@ -8,7 +8,18 @@ cap that way (the length stage rejects it as ``too_long_untruncatable``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from dataguard.records import MESSAGES_TYPE, set_column
+
+if TYPE_CHECKING:
+    from dataguard.stages.length import LengthStage
+    from dataguard.tally import Tally
+
+MAX_EXAMPLES = 20
 
 
 def truncate_turns(roles: list[str], contents: list[str], counts: list[int], cap: int, tok: Any, *,
@@ -61,3 +72,68 @@ def truncate_turns(roles: list[str], contents: list[str], counts: list[int], cap
             return None
         return msgs, new_counts
     return [{"role": roles[j], "content": contents[j]} for j in sel], [counts[j] for j in sel]
+
+
+def plan_rows(stage: LengthStage, n_tokens: np.ndarray, content_tokens: np.ndarray, offsets: np.ndarray,
+              roles: list[str], contents: list[str], msg_tokens: np.ndarray,
+              ) -> tuple[list[str | None], list[str | None], dict[int, list[dict[str, str]]], dict[int, list[int]]]:
+    """Per row: the reject reason and detail (too short, too long, untruncatable), or the
+    truncated messages and their token counts."""
+    n = len(n_tokens)
+    reasons: list[str | None] = [None] * n
+    details: list[str | None] = [None] * n
+    short = content_tokens < stage.min_tokens
+    for i in np.flatnonzero(short).tolist():
+        reasons[i] = "too_short"
+        details[i] = f"content tokens={int(content_tokens[i])} < min_tokens={stage.min_tokens}"
+    cap = stage.cap
+    long_rows = np.flatnonzero(~short & (n_tokens > cap)).tolist() if cap is not None else []
+    new_msgs: dict[int, list[dict[str, str]]] = {}
+    new_counts: dict[int, list[int]] = {}
+    for i in long_rows:
+        before = int(n_tokens[i])
+        if stage.action == "drop":
+            reasons[i] = "too_long"
+            details[i] = f"n_tokens={before} > cap={cap}{stage._cap_note()}"
+            continue
+        s, e = int(offsets[i]), int(offsets[i + 1])
+        result = truncate_turns(roles[s:e], contents[s:e], msg_tokens[s:e].tolist(), cap, stage.tokenizer,
+                                keep_system=stage.keep_system, cut_final=stage.cut_final)
+        if result is None:
+            reasons[i] = "too_long_untruncatable"
+            details[i] = (f"n_tokens={before} > cap={cap}{stage._cap_note()}; still over after removing "
+                          f"all removable history (system and final turn are protected)")
+            continue
+        new_msgs[i], new_counts[i] = result
+    return reasons, details, new_msgs, new_counts
+
+
+def rewrite_rows(stage: LengthStage, batch: pa.Table, n_tokens: np.ndarray, offsets: np.ndarray,
+                 new_msgs: dict[int, list[dict[str, str]]], new_counts: dict[int, list[int]], stats: Tally,
+                 examples: list[dict[str, Any]]) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+    """The batch with truncated rows rewritten and the before/after token columns."""
+    n = batch.num_rows
+    tokens_before = n_tokens.copy()
+    tokens_after = n_tokens.copy()
+    truncated = np.zeros(n, dtype=bool)
+    if new_msgs:
+        tok = stage.tokenizer
+        msgs_py = batch.column("messages").to_pylist()
+        per_msg_py = batch.column("message_tokens").to_pylist()
+        for i, msgs in new_msgs.items():
+            msgs_py[i] = msgs
+            per_msg_py[i] = new_counts[i]
+            tokens_after[i] = sum(new_counts[i]) + tok.template_overhead(tuple(m["role"] for m in msgs))
+            truncated[i] = True
+            stats.add("tokens_removed_by_truncation", int(tokens_before[i] - tokens_after[i]))
+            if len(examples) < MAX_EXAMPLES:
+                examples.append({"id": batch.column("id")[i].as_py(), "before": int(tokens_before[i]),
+                                 "after": int(tokens_after[i]), "turns_before": int(offsets[i + 1] - offsets[i]),
+                                 "turns_after": len(msgs)})
+        batch = set_column(batch, "messages", pa.array(msgs_py, MESSAGES_TYPE))
+        batch = set_column(batch, "message_tokens", pa.array(per_msg_py, pa.list_(pa.int32())))
+        batch = set_column(batch, "n_tokens", pa.array(tokens_after.astype(np.int32), pa.int32()))
+    batch = set_column(batch, "truncated", pa.array(truncated, pa.bool_()))
+    batch = set_column(batch, "tokens_before", pa.array(tokens_before.astype(np.int32), pa.int32()))
+    batch = set_column(batch, "tokens_after", pa.array(tokens_after.astype(np.int32), pa.int32()))
+    return batch, tokens_before, tokens_after, truncated

@@ -75,10 +75,9 @@ import pyarrow.compute as pc
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
 from dataguard.noise import params as P
 from dataguard.noise import report
-from dataguard.noise import views as views_mod
-from dataguard.noise.confident import NoiseEstimate, estimate, within_budget
+from dataguard.noise.confident import NoiseEstimate, estimate
 from dataguard.noise.given import class_list, gather_probs
-from dataguard.noise.rounds import run_rounds
+from dataguard.noise.rounds import estimate_issues
 from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
 from dataguard.stage import Outcome, Stage
 from dataguard.tally import Tally
@@ -239,26 +238,7 @@ class NoiseStage(Stage):
         index = {c: i for i, c in enumerate(classes)}
         y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
         k = len(classes)
-        kind, views = "", {}
-        if probs is None:
-            if len(y):
-                kind, views = views_mod.feature_views(self, summaries)
-                self.chosen_C, probs = views_mod.first_probs(kind, views, y, k, C=self.C, folds=self.folds,
-                                                             seed=self.seed, classifier=self.classifier)
-            else:
-                probs = np.zeros((0, k))
-        est = self._estimate(y, probs)
-        if self.rounds > 1 and views:
-            chosen = self.chosen_C
-
-            def refit(keep: np.ndarray) -> np.ndarray:
-                return views_mod.refit(kind, views, y, k, keep, chosen, folds=self.folds, seed=self.seed,
-                                       classifier=self.classifier)
-
-            probs, est, self.round_log = run_rounds(y, probs, est, refit, lambda p: self._estimate(y, p),
-                                                    rounds=self.rounds)
-        if self.max_flagged is not None:
-            est, self.budget_log = within_budget(est, self.max_flagged)
+        probs, est = estimate_issues(self, summaries, y, k, probs)
         relabel = est.is_issue & (est.suggested != y) & (est.suggested_prob >= self.relabel_min_confidence)
         self._classes = classes
         self._ids = pa.array(ids, pa.string())

@@ -48,7 +48,7 @@ import pyarrow as pa
 from dataguard.params import FLAG, Interval, ListOf, MapOf, Options, Satisfies
 from dataguard.records import reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
-from dataguard.stages.quality_report import describe_quality
+from dataguard.stages.quality_report import describe_quality, reject_examples, reject_unscored
 from dataguard.stages.quality_rules import (
     DUP_DEFAULT,
     HIST_EDGES,
@@ -57,12 +57,10 @@ from dataguard.stages.quality_rules import (
     MAX_TEXT_BYTES_DEFAULT,
     REASONS,
     SIDES,
-    SNIPPET,
-    TOO_LONG,
     TOP_DEFAULT,
 )
 from dataguard.tally import Tally
-from dataguard.text.message_pieces import message_pieces, side_bytes, side_texts
+from dataguard.text.message_pieces import message_pieces
 from dataguard.text.repetition_kernel import (
     MAX_NGRAM,
     MAX_REP_LEN,
@@ -245,7 +243,7 @@ class QualityStage(Stage):
         details: list[list[str]] = [[] for _ in range(n)]
         # counters: "rejected" (by first failing rule), "failures" (every failing rule)
         stats = Tally(counts=Counter(rows_in=n))
-        self._reject_unscored(batch, first_reason, details, stats)
+        reject_unscored(batch, self.sides, self.max_text_bytes, first_reason, details, stats)
         for side in self.sides:
             words = batch.column(f"{side}_gopher_words").to_numpy(zero_copy_only=False)
             gate = words >= self.gopher_min_words
@@ -273,34 +271,8 @@ class QualityStage(Stage):
                                ["; ".join(details[i]) for i in idx])
         stats.count("rejected", (first_reason[i] for i in idx))
         if idx:
-            texts = {side: side_texts(batch.take(idx[:MAX_EXAMPLES]), SIDES[side]).to_pylist() for side in self.sides}
-            ids = batch.column("id").take(idx[:MAX_EXAMPLES]).to_pylist()
-            examples = []
-            for j, i in enumerate(idx[:MAX_EXAMPLES]):
-                side = details[i][0].split(" ", 1)[0]
-                examples.append({"id": ids[j], "label": first_reason[i],
-                                 "text": (texts.get(side) or [""] * len(ids))[j][:SNIPPET],
-                                 "note": "; ".join(details[i])})
-            stats.keep("examples", examples, MAX_EXAMPLES)
+            stats.keep("examples", reject_examples(batch, idx, first_reason, details, self.sides), MAX_EXAMPLES)
         return Outcome(kept=batch.filter(pa.array(~mask)), rejected=rejected, stats=stats)
-
-    def _reject_unscored(self, batch: pa.Table, first_reason: list[str | None], details: list[list[str]],
-                         stats: Tally) -> None:
-        """Rows with a side that was not scored (null scores: too long, or out of memory) fail
-        first, as ``text_too_long``; the rules cannot judge them."""
-        for side in self.sides:
-            unscored = np.isnan(batch.column(f"{side}_char_repeat_ratio").to_numpy(zero_copy_only=False))
-            rows = np.flatnonzero(unscored).tolist()
-            if not rows:
-                continue
-            sizes = side_bytes(batch.take(rows), SIDES[side])
-            for i, size in zip(rows, sizes.tolist(), strict=True):
-                why = (f"{size} bytes > max_text_bytes {self.max_text_bytes}" if size > self.max_text_bytes
-                       else f"{size} bytes, out of memory")
-                details[i].append(f"{side} text not scored: {why}")
-                stats.count("failures", (TOO_LONG,))
-                if first_reason[i] is None:
-                    first_reason[i] = TOO_LONG
 
     # -- report ----------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
-from dataguard.stages.quality_rules import HIST_EDGES, HIST_SCORES, TOO_LONG
+import numpy as np
+import pyarrow as pa
+
+from dataguard.stages.quality_rules import HIST_EDGES, HIST_SCORES, MAX_EXAMPLES, SIDES, SNIPPET, TOO_LONG
+from dataguard.tally import Tally
+from dataguard.text.message_pieces import side_bytes, side_texts
 
 
 def describe_quality(stage: Any) -> dict[str, Any]:
@@ -37,3 +43,36 @@ def describe_quality(stage: Any) -> dict[str, Any]:
     if st.items("examples"):
         blocks.append({"type": "examples", "title": "Rejected rows (first 20)", "items": st.items("examples")})
     return {"title": "Repetition / URL quality filter", "summary": summary, "blocks": blocks}
+
+
+def reject_unscored(batch: pa.Table, sides: Sequence[str], max_text_bytes: int, first_reason: list[str | None],
+                    details: list[list[str]], stats: Tally) -> None:
+    """Rows with a side that was not scored (null scores: too long, or out of memory) fail
+    first, as ``text_too_long``; the rules cannot judge them."""
+    for side in sides:
+        unscored = np.isnan(batch.column(f"{side}_char_repeat_ratio").to_numpy(zero_copy_only=False))
+        rows = np.flatnonzero(unscored).tolist()
+        if not rows:
+            continue
+        sizes = side_bytes(batch.take(rows), SIDES[side])
+        for i, size in zip(rows, sizes.tolist(), strict=True):
+            why = (f"{size} bytes > max_text_bytes {max_text_bytes}" if size > max_text_bytes
+                   else f"{size} bytes, out of memory")
+            details[i].append(f"{side} text not scored: {why}")
+            stats.count("failures", (TOO_LONG,))
+            if first_reason[i] is None:
+                first_reason[i] = TOO_LONG
+
+
+def reject_examples(batch: pa.Table, idx: list[int], first_reason: list[str | None], details: list[list[str]],
+                    sides: Sequence[str]) -> list[dict[str, Any]]:
+    """The first rejected rows, with the side that failed first as their text."""
+    texts = {side: side_texts(batch.take(idx[:MAX_EXAMPLES]), SIDES[side]).to_pylist() for side in sides}
+    ids = batch.column("id").take(idx[:MAX_EXAMPLES]).to_pylist()
+    examples = []
+    for j, i in enumerate(idx[:MAX_EXAMPLES]):
+        side = details[i][0].split(" ", 1)[0]
+        examples.append({"id": ids[j], "label": first_reason[i],
+                         "text": (texts.get(side) or [""] * len(ids))[j][:SNIPPET],
+                         "note": "; ".join(details[i])})
+    return examples
