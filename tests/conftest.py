@@ -58,3 +58,21 @@ def classification_run_dir(tmp_path_factory) -> Path:
     from dataguard.testing.runs import classification_run
 
     return classification_run(tmp_path_factory.mktemp("cls-run") / "out")
+
+
+@pytest.fixture
+def executor_tasks(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every task the local executor is handed during the test, in order (what the driver
+    sends workers: split descriptors, not rows)."""
+    from dataguard.executors.local import LocalExecutor
+
+    seen: list[Any] = []
+    original = LocalExecutor.run
+
+    def spy(self, state_bytes, tasks, progress):  # type: ignore[no-untyped-def]
+        tasks = list(tasks)
+        seen.extend(tasks)
+        return original(self, state_bytes, tasks, progress)
+
+    monkeypatch.setattr(LocalExecutor, "run", spy)
+    return seen

@@ -75,21 +75,10 @@ def test_same_bytes_as_the_driver_read_run_for_any_worker_count(tmp_path: Path, 
     assert runs["one"] == runs["two"] == _outputs(tmp_path / "driver")
 
 
-def test_the_driver_sends_row_ranges_not_rows(tmp_path: Path, monkeypatch) -> None:
-    from dataguard.executors.local import LocalExecutor
-
+def test_the_driver_sends_row_ranges_not_rows(tmp_path: Path, executor_tasks: list[Any]) -> None:
     path = _parquet(tmp_path / "in.parquet", 300, 40)
-    seen: list[Any] = []
-    original = LocalExecutor.run
-
-    def spy(self, state_bytes, tasks, progress):  # type: ignore[no-untyped-def]
-        tasks = list(tasks)
-        seen.extend(tasks)
-        return original(self, state_bytes, tasks, progress)
-
-    monkeypatch.setattr(LocalExecutor, "run", spy)
     Pipeline([], workers=1, batch_rows=50).run([InputSpec(path=path)], tmp_path / "o")
-    units = [t for t in seen if isinstance(t, UnitTask)]
+    units = [t for t in executor_tasks if isinstance(t, UnitTask)]
     assert len(units) == 6
     assert all(t.raw is None and isinstance(t.split, ParquetSplit) for t in units)
     assert [(t.split.start, t.split.rows) for t in units] == [(i * 50, 50) for i in range(6)]
@@ -153,36 +142,25 @@ def test_dataset_units_hold_the_rows_of_the_whole_reader(tmp_path: Path, rows: i
     assert _rows(u.read("s") for u in units) == _rows(whole)
 
 
-def test_dataset_runs_give_the_driver_read_bytes_and_send_descriptors(tmp_path: Path, monkeypatch) -> None:
-    from dataguard.executors.local import LocalExecutor
-
+def test_dataset_runs_give_the_driver_read_bytes_and_send_descriptors(tmp_path: Path, monkeypatch,
+                                                                     executor_tasks: list[Any]) -> None:
     folder = _saved_dataset(tmp_path / "ds", 500)
     arrow_file = next(folder.glob("*.arrow"))
-    seen: list[Any] = []
-    original = LocalExecutor.run
-
-    def spy(self, state_bytes, tasks, progress):  # type: ignore[no-untyped-def]
-        tasks = list(tasks)
-        seen.extend(tasks)
-        return original(self, state_bytes, tasks, progress)
-
     for path in (folder, arrow_file):
         runs = {}
-        monkeypatch.setattr(LocalExecutor, "run", spy)
         for name, workers in (("one", 1), ("two", 2)):
             result = Pipeline([DedupStage(action="drop")], workers=workers, batch_rows=64).run(
                 [InputSpec(path=path, name="d")], tmp_path / f"{path.name}-{name}")
             assert result.manifest["counts"]["balanced"] and result.rows_in == 500
             runs[name] = _outputs(tmp_path / f"{path.name}-{name}")
-        units = [t for t in seen if isinstance(t, UnitTask) and t.previous is None]  # segment 0 reads the input
+        units = [t for t in executor_tasks if isinstance(t, UnitTask) and t.previous is None]  # segment 0
         assert units and all(t.raw is None and isinstance(t.split, HfSplit) for t in units)
-        seen.clear()
-        monkeypatch.setattr(LocalExecutor, "run", original)
-        monkeypatch.setattr(splits_module, "hf_layout", lambda *_: None)
-        Pipeline([DedupStage(action="drop")], workers=1, batch_rows=64).run([InputSpec(path=path, name="d")],
-                                                                             tmp_path / f"{path.name}-driver")
-        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(splits_module, "hf_layout", lambda *_: None)  # the driver reads the dataset itself
+            Pipeline([DedupStage(action="drop")], workers=1, batch_rows=64).run([InputSpec(path=path, name="d")],
+                                                                                 tmp_path / f"{path.name}-driver")
         assert runs["one"] == runs["two"] == _outputs(tmp_path / f"{path.name}-driver")
+        executor_tasks.clear()
 
 
 def test_a_dataset_dict_is_left_to_the_reader_and_its_one_line_error(tmp_path: Path) -> None:

@@ -166,22 +166,11 @@ def test_same_bytes_for_any_worker_count_and_rows_for_any_range_size(tmp_path: P
             assert pa.Table.from_batches(got.to_batches()).equals(want)
 
 
-def test_the_driver_sends_split_descriptors_not_rows(tmp_path: Path, monkeypatch) -> None:
-    from dataguard.executors.local import LocalExecutor
-
+def test_the_driver_sends_split_descriptors_not_rows(tmp_path: Path, executor_tasks: list[Any]) -> None:
     data = _jsonl(tmp_path / "in.jsonl", 300)
-    seen: list[Any] = []
-    original = LocalExecutor.run
-
-    def spy(self, state_bytes, tasks, progress):  # type: ignore[no-untyped-def]
-        tasks = list(tasks)
-        seen.extend(tasks)
-        return original(self, state_bytes, tasks, progress)
-
-    monkeypatch.setattr(LocalExecutor, "run", spy)
     Pipeline([], workers=1, batch_rows=50, split_bytes=4000).run([InputSpec(path=data)], tmp_path / "o")
-    index = [t for t in seen if isinstance(t, IndexTask)]
-    units = [t for t in seen if isinstance(t, UnitTask)]
+    index = [t for t in executor_tasks if isinstance(t, IndexTask)]
+    units = [t for t in executor_tasks if isinstance(t, UnitTask)]
     assert len(index) > 1 and len(units) > len(index)
     for task in units:
         assert task.raw is None and isinstance(task.split, LineSplit)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from dataguard.io.arrow_reader import ARROW_BATCH_BYTES, _arrow_rows, _load_dataset, _row_nbytes, _type_depth
 from dataguard.io.bounded import InputError
 from dataguard.io.jsonscan import MAX_DEPTH
+from dataguard.io.parquet_split import row_ranges
 from dataguard.io.raw import RawBatch
 
 if TYPE_CHECKING:
@@ -63,11 +64,8 @@ def hf_layout(spec: InputSpec, batch_rows: int) -> HfLayout | None:
 
 def hf_splits(spec: InputSpec, layout: HfLayout, batch_rows: int, max_bytes: int) -> Iterator[HfSplit]:
     """Units of ``batch_rows`` rows (one unit standing for the empty_file row of an empty dataset)."""
-    if layout.rows == 0:
-        yield HfSplit(spec, 0, 0, layout, max_bytes)
-        return
-    for start in range(0, layout.rows, batch_rows):
-        yield HfSplit(spec, start, min(batch_rows, layout.rows - start), layout, max_bytes)
+    for start, rows in row_ranges(layout.rows, batch_rows):
+        yield HfSplit(spec, start, rows, layout, max_bytes)
 
 
 @dataclass(frozen=True)
@@ -93,11 +91,8 @@ class HfSplit:
         end = self.start + self.rows
         for lo in range(self.start, end, self.layout.chunk_rows):
             hi = min(end, lo + self.layout.chunk_rows)
-            for position, record, error, detail, raw in _arrow_rows(arrow[lo:hi], lo, self.max_bytes):
-                if error is None:
-                    batch.add(position, record)
-                else:
-                    batch.add_error(position, error, detail or error, raw)
+            for row in _arrow_rows(arrow[lo:hi], lo, self.max_bytes):
+                batch.add_row(row)
         return batch
 
 

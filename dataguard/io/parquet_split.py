@@ -61,11 +61,17 @@ def parquet_layout(path: Path, batch_rows: int) -> ParquetLayout | None:
 
 def parquet_splits(path: str, layout: ParquetLayout, batch_rows: int, max_bytes: int) -> Iterator[ParquetSplit]:
     """Units of ``batch_rows`` rows (one unit standing for the empty_file row of an empty file)."""
-    if layout.rows == 0:
-        yield ParquetSplit(path, 0, 0, layout, max_bytes)
-        return
-    for start in range(0, layout.rows, batch_rows):
-        yield ParquetSplit(path, start, min(batch_rows, layout.rows - start), layout, max_bytes)
+    for start, rows in row_ranges(layout.rows, batch_rows):
+        yield ParquetSplit(path, start, rows, layout, max_bytes)
+
+
+def row_ranges(total: int, batch_rows: int) -> Iterator[tuple[int, int]]:
+    """(first row, rows) of each unit; one (0, 0) for no rows at all: the unit that stands
+    for the ``empty_file`` row the whole-file readers give."""
+    if total == 0:
+        yield 0, 0
+    for start in range(0, total, batch_rows):
+        yield start, min(batch_rows, total - start)
 
 
 @dataclass(frozen=True)
@@ -88,11 +94,8 @@ class ParquetSplit:
         if self.rows == 0:
             batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
             return batch
-        for position, record, error, detail, raw in self._rows():
-            if error is None:
-                batch.add(position, record)
-            else:
-                batch.add_error(position, error, detail or error, raw)
+        for row in self._rows():
+            batch.add_row(row)
         return batch
 
     def _rows(self) -> Iterator[tuple[int, Any, str | None, str | None, Any]]:

@@ -44,13 +44,17 @@ class RawBatch:
                 if isinstance(line, ReadError):
                     self.add_error(position, line.reason, line.detail, line.raw)
                     continue
-                pos, record, error, detail, raw = parse_jsonl_line(position, line_no, line, limit)
-                if error is None:
-                    self.add(pos, record)
-                else:
-                    self.add_error(pos, error, detail or error, raw)
+                self.add_row(parse_jsonl_line(position, line_no, line, limit))
             self.pending = []
         return self
+
+    def add_row(self, row: tuple[int, Any, str | None, str | None, Any]) -> None:
+        """A reader's row: (position, record, error, detail, raw), a record or an error."""
+        position, record, error, detail, raw = row
+        if error is None:
+            self.add(position, record)
+        else:
+            self.add_error(position, error, detail or error, raw)
 
     def add(self, position: int, record: Any) -> None:
         self.positions.append(position)

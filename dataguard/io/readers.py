@@ -210,12 +210,9 @@ def read_batches(spec: InputSpec, batch_rows: int = DEFAULT_BATCH_ROWS,
 def _rebatch(rows: Iterator[Row], source: str, batch_rows: int) -> Iterator[RawBatch]:
     batch = RawBatch(source=source)
     seen = 0
-    for position, record, error, detail, raw in rows:
+    for row in rows:
         seen += 1
-        if error is None:
-            batch.add(position, record)
-        else:
-            batch.add_error(position, error, detail or error, raw)
+        batch.add_row(row)
         if len(batch) >= batch_rows:
             yield batch
             batch = RawBatch(source=source)
