@@ -61,6 +61,34 @@ def test_units_hold_the_rows_of_the_whole_file_reader(tmp_path: Path, rows: int,
     assert _rows(u.read("s") for u in units) == _rows(whole)
 
 
+def test_a_worker_reads_any_unit_order_in_small_chunks(tmp_path: Path) -> None:
+    """Chunks smaller than a unit, units of one large group asked in any order (a restart
+    from the group's start when a unit lies behind the worker's place)."""
+    import dataclasses
+
+    path = _parquet(tmp_path / "in.parquet", 300, 1000)
+    layout = parquet_layout(path, 40)
+    assert layout is not None
+    units = list(parquet_splits(str(path), dataclasses.replace(layout, chunk_rows=7), 40, 1 << 20))
+    whole = _rows(read_batches(InputSpec(path=path, name="s"), batch_rows=40))
+    order = [3, 0, 1, 7, 2, 6, 4, 5]
+    got = {k: _rows([units[k].read("s")]) for k in order}
+    assert [r for k in range(len(units)) for r in got[k]] == whole
+
+
+def test_values_python_cannot_hold_are_rows_of_their_own(tmp_path: Path) -> None:
+    """A date past year 9999 (as pandas may write) is one rejected row, not a traceback."""
+    path = tmp_path / "dates.parquet"
+    pq.write_table(pa.table({"instruction": ["a", "b", "c"], "output": ["x", "y", "z"],
+                             "day": pa.array([1, 2**31 - 1, 3], pa.date32())}), path)
+    whole = _rows(read_batches(InputSpec(path=path, name="s"), batch_rows=10))
+    assert [(p, e) for p, _, e, _ in whole] == [(0, None), (1, "wrong_type"), (2, None)]
+    assert "cannot be read" in whole[1][3]
+    layout = parquet_layout(path, 10)
+    assert layout is not None
+    assert _rows(u.read("s") for u in parquet_splits(str(path), layout, 10, 1 << 20)) == whole
+
+
 def test_same_bytes_as_the_driver_read_run_for_any_worker_count(tmp_path: Path, monkeypatch) -> None:
     path = _parquet(tmp_path / "in.parquet", 600, 83)
     stages = [DedupStage(action="drop"), LengthStage(max_tokens=30)]
@@ -172,3 +200,19 @@ def test_a_dataset_dict_is_left_to_the_reader_and_its_one_line_error(tmp_path: P
     assert hf_layout(InputSpec(path=folder, name="dd"), 10) is None
     with pytest.raises(InputError, match="is a DatasetDict with splits train; name one split"):
         Pipeline([], workers=1).run([InputSpec(path=folder, name="dd")], tmp_path / "o")
+
+
+def test_a_dataset_saved_again_in_place_is_refused_not_read_stale(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    folder = _saved_dataset(tmp_path / "ds", 100)
+    spec = InputSpec(path=folder, name="d")
+    layout = hf_layout(spec, 10)
+    assert layout is not None
+    units = list(hf_splits(spec, layout, 10, 1 << 20))
+    assert len(units[0].read("d")) == 10  # this worker has the dataset open now
+    datasets.Dataset.from_list([{"instruction": f"other {i}", "output": "z"} for i in range(100)]) \
+        .save_to_disk(str(tmp_path / "tmp-ds"))
+    for p in (tmp_path / "tmp-ds").iterdir():  # the same folder, files rewritten in place
+        (folder / p.name).write_bytes(p.read_bytes())
+    with pytest.raises(InputError, match="changed while it was read"):
+        units[1].read("d")

@@ -97,6 +97,10 @@ def _dump_row(one_row: Any) -> bytes:
             rows = _binary_view(one_row).to_pylist()
         except (UnicodeDecodeError, ValueError):  # bad text nested in a list or struct
             return b"[a row holding nested text that is not UTF-8]"
+        except Exception:  # noqa: BLE001 - see _arrow_rows: a value Python cannot hold
+            return b"[a row holding a value Python cannot hold]"
+    except Exception:  # noqa: BLE001 - see _arrow_rows
+        return b"[a row holding a value Python cannot hold]"
     return json.dumps(_plain(rows[0]), ensure_ascii=False, sort_keys=True, default=str).encode("utf-8", "replace")
 
 
@@ -117,14 +121,15 @@ def _binary_view(table: Any) -> Any:
 def _arrow_rows(table: Any, position: int, max_bytes: int) -> Iterator[Row]:
     """Rows of an Arrow table as plain records; an oversized row is rejected from its Arrow
     size (the record itself is only serialised to keep a preview and a hash), a row with
-    invalid UTF-8 text is ``invalid_utf8``."""
+    invalid UTF-8 text is ``invalid_utf8``, a row holding a value Python cannot represent
+    (a date past year 9999, as pandas may write) is ``wrong_type``."""
     sizes = _row_nbytes(table)
     big = sizes > max_bytes
     good_rows: list[Any] | None = None
     if not big.any():
         try:
             good_rows = table.to_pylist()
-        except (UnicodeDecodeError, ValueError):
+        except Exception:  # noqa: BLE001 - some row cannot be converted: find it row by row below
             good_rows = None
     for i in range(table.num_rows):
         where = f"row {position + i}"
@@ -144,6 +149,9 @@ def _arrow_rows(table: Any, position: int, max_bytes: int) -> Iterator[Row]:
         except (UnicodeDecodeError, ValueError) as exc:
             yield (position + i, None, "invalid_utf8", f"{where}: text that is not UTF-8 ({exc})",
                    preview(_dump_row(one)))
+        except Exception as exc:  # noqa: BLE001 - OverflowError and kin: pyarrow's types outrun Python's
+            yield (position + i, None, "wrong_type", f"{where}: a value cannot be read into Python "
+                   f"({type(exc).__name__}: {exc})", preview(_dump_row(one)))
 
 
 def _too_deep_rows(position: int, n: int, depth: int) -> Iterator[Row]:

@@ -82,8 +82,8 @@ class HfSplit:
         batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
         dataset = _opened(self.spec)
         if len(dataset) != self.layout.rows or getattr(dataset, "_fingerprint", None) != self.layout.fingerprint:
-            raise InputError(f"input {source!r}: {self.spec.path} changed while it was read (planned with "
-                             f"{self.layout.rows} rows at the start of the run, now {len(dataset)})")
+            raise InputError(f"input {source!r}: {self.spec.path} changed while it was read (its rows or "
+                             "fingerprint differ from when the run was planned)")
         if self.rows == 0:
             batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
             return batch
@@ -96,13 +96,21 @@ class HfSplit:
         return batch
 
 
-_OPENED: dict[str, Any] = {}  # {"key": (path, mtime), "dataset": the memory-mapped dataset}
+_OPENED: dict[str, Any] = {}  # {"key": the files' stamps, "dataset": the memory-mapped dataset}
+
+
+def _stamp(path: Path) -> tuple[Any, ...]:
+    """(name, size, mtime, inode) of the file or of every file in the folder: ``save_to_disk``
+    into the same folder rewrites files in place, which the folder's own mtime misses."""
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return tuple((p.name, st.st_size, st.st_mtime_ns, st.st_ino) for p in files for st in [p.stat()])
 
 
 def _opened(spec: InputSpec) -> Any:
-    """The dataset, opened once per worker while its units arrive (memory-mapped: cheap)."""
+    """The dataset, opened once per worker while its units arrive (memory-mapped: cheap),
+    and again whenever one of its files changed (then the fingerprint check refuses it)."""
     path = Path(spec.path)
-    key = (str(path), path.stat().st_mtime_ns)
+    key = (str(path), _stamp(path))
     if _OPENED.get("key") != key:
         _OPENED.clear()
         _OPENED["dataset"] = _load_dataset(spec, str(spec.name))

@@ -3,9 +3,9 @@
 
 The units are the ones the whole-file reader gives (``batch_rows`` rows each, in file
 order), and so are their rows: the same Arrow-to-record conversion (`arrow_reader`; a row's
-record does not depend on which rows are converted with it). A row group is decoded whole,
-so a worker keeps the last one it decoded: the units of one group (dispatched in order) cost
-each worker one decode, not one per unit. One difference, on purpose: a damaged row group costs only the units
+record does not depend on which rows are converted with it). A worker decodes a row group in
+chunks and keeps its place (`_GroupCursor`), so the units of one group, dispatched in
+order, cost each worker one pass over the group and about one chunk of memory. One difference, on purpose: a damaged row group costs only the units
 that touch it (one ``unreadable_file`` row each, after the rows read before it), where
 the whole-file reader stops at the first damage and loses the rest of the file.
 """
@@ -60,9 +60,15 @@ def parquet_layout(path: Path, batch_rows: int) -> ParquetLayout | None:
 
 
 def parquet_splits(path: str, layout: ParquetLayout, batch_rows: int, max_bytes: int) -> Iterator[ParquetSplit]:
-    """Units of ``batch_rows`` rows (one unit standing for the empty_file row of an empty file)."""
+    """Units of ``batch_rows`` rows (one unit standing for the empty_file row of an empty file);
+    each carries only the row groups its rows lie in, so a split pickles small."""
+    starts = layout.group_starts
     for start, rows in row_ranges(layout.rows, batch_rows):
-        yield ParquetSplit(path, start, rows, layout, max_bytes)
+        first = max(0, bisect.bisect_right(starts, start) - 1)
+        last = max(first, bisect.bisect_right(starts, start + rows - 1) - 1)
+        ends = starts[first + 1:last + 1] + (starts[last + 1] if last + 1 < len(starts) else layout.rows,)
+        groups = tuple(zip(range(first, last + 1), starts[first:last + 1], ends, strict=True))
+        yield ParquetSplit(path, start, rows, groups, layout.chunk_rows, layout.stamp, max_bytes)
 
 
 def row_ranges(total: int, batch_rows: int) -> Iterator[tuple[int, int]]:
@@ -76,19 +82,22 @@ def row_ranges(total: int, batch_rows: int) -> Iterator[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class ParquetSplit:
-    """One unit of a Parquet file as a worker reads it: rows ``start`` .. ``start + rows``.
-    Small and picklable, like `dataguard.io.json_readers.LineSplit`."""
+    """One unit of a Parquet file as a worker reads it: rows ``start`` .. ``start + rows``,
+    lying in ``groups`` (index, first row, end row). Small and picklable, like
+    `dataguard.io.json_readers.LineSplit`."""
 
     path: str
     start: int
     rows: int
-    layout: ParquetLayout
+    groups: tuple[tuple[int, int, int], ...]
+    chunk_rows: int
+    stamp: tuple[int, int]
     max_bytes: int
 
     def read(self, source: str) -> RawBatch:
         batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
         stat = Path(self.path).stat()
-        if (stat.st_size, stat.st_mtime_ns) != self.layout.stamp:
+        if (stat.st_size, stat.st_mtime_ns) != self.stamp:
             raise InputError(f"input {source!r}: {self.path} changed while it was read (planned from its footer "
                              "at the start of the run)")
         if self.rows == 0:
@@ -99,33 +108,59 @@ class ParquetSplit:
         return batch
 
     def _rows(self) -> Iterator[tuple[int, Any, str | None, str | None, Any]]:
-        """The range's rows, converted at most ``chunk_rows`` at a time (bounded memory)."""
-        starts, end, position = self.layout.group_starts, self.start + self.rows, self.start
-        try:
-            while position < end:
-                group = bisect.bisect_right(starts, position) - 1
-                group_end = starts[group + 1] if group + 1 < len(starts) else end
-                hi = min(end, group_end, position + self.layout.chunk_rows)
-                table = _row_group(self.path, group).slice(position - starts[group], hi - position)
+        """The range's rows, decoded and converted at most ``chunk_rows`` at a time."""
+        end, position = self.start + self.rows, self.start
+        for index, group_start, group_end in self.groups:
+            while position < min(end, group_end):
+                hi = min(end, group_end, position + self.chunk_rows)
+                try:
+                    table = _GROUP.rows(self.path, self.stamp, index, group_start, position, hi, self.chunk_rows)
+                except Exception as exc:  # noqa: BLE001 - a damaged row group: keep what was read, report the rest
+                    yield (position, None, "unreadable_file",
+                           f"Parquet rows {position}-{end - 1} unreadable ({type(exc).__name__}: {exc}); "
+                           "the rest of this unit is lost", "")
+                    return
                 yield from _arrow_rows(table, position, self.max_bytes)
                 position = hi
-        except Exception as exc:  # noqa: BLE001 - a damaged row group: keep what was read, report the rest
-            yield (position, None, "unreadable_file",
-                   f"Parquet rows {position}-{end - 1} unreadable ({type(exc).__name__}: {exc}); "
-                   "the rest of this unit is lost", "")
 
 
-_LAST_GROUP: dict[str, Any] = {}  # {"key": (path, size, mtime, group), "table": the decoded group}
+class _GroupCursor:
+    """A worker's place in one row group: batches of ``chunk_rows`` decoded in order and
+    dropped once passed, so memory stays at about one chunk however large the group is.
+    Units of one group reach a worker in increasing order (it skips the other workers'
+    units by decoding past them); an earlier row restarts the group."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.batches: Iterator[Any] = iter(())
+        self.at = 0  # the group's row where ``pending`` starts
+        self.pending: Any = None
+
+    def rows(self, path: str, stamp: tuple[int, int], group: int, group_start: int, lo: int, hi: int,
+             chunk_rows: int) -> Any:
+        """Rows ``lo`` .. ``hi`` (file rows) of row group ``group`` as one Arrow table."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        key = (path, stamp, group, chunk_rows)
+        lo, hi = lo - group_start, hi - group_start
+        if key != self.key or lo < self.at:
+            self.key, self.at, self.pending = None, 0, None
+            self.batches = pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, row_groups=[group])
+            self.key = key
+        parts = []
+        while True:
+            if self.pending is None or self.at + self.pending.num_rows <= lo:
+                if self.pending is not None:
+                    self.at += self.pending.num_rows
+                self.pending = pa.Table.from_batches([next(self.batches)])
+                continue
+            take = self.pending.slice(max(0, lo - self.at), hi - max(lo, self.at))
+            parts.append(take)
+            if self.at + self.pending.num_rows >= hi:
+                return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            lo = self.at + self.pending.num_rows
+            self.at, self.pending = lo, pa.Table.from_batches([next(self.batches)])
 
 
-def _row_group(path: str, group: int) -> Any:
-    """Row group ``group`` of ``path``, decoded once per worker while units ask for it."""
-    import pyarrow.parquet as pq
-
-    stat = Path(path).stat()
-    key = (path, stat.st_size, stat.st_mtime_ns, group)
-    if _LAST_GROUP.get("key") != key:
-        _LAST_GROUP.clear()  # drop the old group before decoding the next: one in memory
-        _LAST_GROUP["table"] = pq.ParquetFile(path).read_row_group(group)
-        _LAST_GROUP["key"] = key
-    return _LAST_GROUP["table"]
+_GROUP = _GroupCursor()  # one per worker process

@@ -110,7 +110,7 @@ class DedupStage(Stage):
         return frozenset(("is_duplicate", "duplicate_of")) if self.action == "flag" else None
 
     def columns_read(self) -> frozenset[str]:
-        return frozenset(("id", "messages", "content_hash"))
+        return frozenset(("id", "messages", "meta", "content_hash"))  # meta: tool definitions are content
 
     def score(self, batch: pa.Table) -> pa.Table:
         hashes = content_hashes(batch, self.scope)
