@@ -181,8 +181,10 @@ class Pipeline:
 
     def _run_segments(self, plan: InputPlan, work: WorkDir,
                       executor: Executor) -> tuple[list[list[dict[str, Any]]], dict[str, float]]:
-        """Each segment over every unit, then the fit that ends it; then the stages absorb
-        their batch stats. Returns the units' metas per segment and seconds per step."""
+        """Each segment over every unit, then the fits that end it, then the stages whose
+        apply ran in it absorb their batch stats (and the metas let go of them, so the
+        driver holds merged tallies, not one per unit). Returns the units' metas per segment
+        and seconds per step."""
         steps = self.steps
         segments = plan_segments(steps)
         stage_seconds: dict[str, float] = {}
@@ -193,9 +195,9 @@ class Pipeline:
                                    f"segment {segment.index + 1}/{len(segments)}")
             metas.sort(key=lambda m: m["unit"])
             metas_by_segment.append(metas)
-            for op, i in segment.ops:  # now, not at the end: an alias that matched nothing stops the run here
+            for op, i in segment.ops:  # the source now: an alias that matched nothing stops the run here
                 if op == SOURCE:
-                    steps[i].absorb([m["stats"].get(i) for m in metas])
+                    steps[i].absorb([m["stats"].pop(i, None) for m in metas])
             for meta in metas:
                 for key, seconds in meta["seconds"].items():
                     stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
@@ -204,11 +206,10 @@ class Pipeline:
                 steps[i].fit([m["summaries"][i] for m in metas])
                 key = step_key(i, steps)
                 stage_seconds[key] = stage_seconds.get(key, 0.0) + time.time() - fit_start
-            _release(metas)
-        for segment, metas in zip(segments, metas_by_segment, strict=True):
-            for op, i in segment.ops:
+            for op, i in segment.ops:  # a stage's apply runs in this segment only: its stats are complete
                 if op == APPLY:
-                    steps[i].absorb([m["stats"].get(i) for m in metas])
+                    steps[i].absorb([m["stats"].pop(i, None) for m in metas])
+            _release(metas)
         return metas_by_segment, stage_seconds
 
     def _executor(self) -> Executor:

@@ -16,8 +16,9 @@ Life of a stage in a run (see `dataguard.pipeline` and `dataguard.run.segment`):
    results are deterministic) into the stage's state. Runs once in the driver.
 4. ``apply(batch) -> Outcome`` - row-local decision: kept rows (with columns) and rejected
    rows with declared reasons, plus the batch's statistics as a `dataguard.tally.Tally`.
-5. ``absorb(stats_list)`` - the driver hands back all batches' tallies in input order; the
-   base class merges them into ``self.tally`` (a stage overrides it only to derive state).
+5. ``absorb(stats_list)`` - the driver hands back all batches' tallies in input order, once
+   the segment that ran the stage's ``apply`` has finished; the base class merges them into
+   ``self.tally`` (a stage overrides it only to derive state).
 6. ``describe() -> dict`` - statistics and examples for the manifest and audit report.
 
 Sharing a fit boundary (optional; the default is not to share). Fit stage A directly
