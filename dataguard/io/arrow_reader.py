@@ -160,23 +160,28 @@ def _too_deep_rows(position: int, n: int, depth: int) -> Iterator[Row]:
                f"row {position + i}: the schema nests lists/structs {depth} levels (limit {MAX_DEPTH})", "")
 
 
+def parquet_plan(parquet: Any, batch_rows: int) -> tuple[int, int]:
+    """(schema nesting depth, rows converted at a time) of a Parquet file, from its footer:
+    shared by the whole-file reader and the worker splits so both cut the same chunks."""
+    depth = 1 + max((_type_depth(f.type) for f in parquet.schema_arrow), default=0)
+    meta = parquet.metadata
+    avg = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) // max(1, meta.num_rows))
+    return depth, max(1, min(batch_rows, ARROW_BATCH_BYTES // avg))
+
+
 def read_parquet(path: Path, source: str, batch_rows: int, max_bytes: int) -> Iterator[Row]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
-        depth = 1 + max((_type_depth(f.type) for f in parquet.schema_arrow), default=0)
-        meta = parquet.metadata
-        avg = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-                  // max(1, meta.num_rows))
+        depth, rows_per_batch = parquet_plan(parquet, batch_rows)
     except Exception as exc:  # noqa: BLE001 - any pyarrow failure means "not a readable parquet file"
         yield (0, None, "unreadable_file", f"not a readable Parquet file: {exc}", "")
         return
     if depth > MAX_DEPTH:
-        yield from _too_deep_rows(0, meta.num_rows, depth)
+        yield from _too_deep_rows(0, parquet.metadata.num_rows, depth)
         return
-    rows_per_batch = max(1, min(batch_rows, ARROW_BATCH_BYTES // avg))
     position = 0
     batches = parquet.iter_batches(batch_size=rows_per_batch)
     while True:
@@ -215,7 +220,9 @@ def _load_dataset(spec: InputSpec, source: str) -> Any:
 _DATASET_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 
 
-def read_hf(spec: InputSpec, source: str, batch_rows: int, max_bytes: int) -> Iterator[Row]:
+def open_dataset(spec: InputSpec, source: str) -> Any:
+    """The input's `datasets.Dataset` (loaded from its path unless given in memory); a
+    DatasetDict or anything else is one InputError."""
     dataset = spec.dataset if spec.dataset is not None else _load_dataset(spec, source)
     if isinstance(dataset, dict):  # a DatasetDict (a dict of splits; it has column_names too)
         splits = ", ".join(map(str, dataset)) or "none"
@@ -223,21 +230,32 @@ def read_hf(spec: InputSpec, source: str, batch_rows: int, max_bytes: int) -> It
                          f"(e.g. {spec.path}/{next(iter(dataset), 'train')})")
     if not hasattr(dataset, "with_format") or not hasattr(dataset, "__len__"):
         raise InputError(f"input {source!r}: expected a datasets.Dataset, got {type(dataset).__name__}")
-    arrow = dataset.with_format("arrow")
-    n = len(dataset)
-    if not n:
-        return
-    first = arrow[0:1]
+    return dataset
+
+
+def dataset_plan(dataset: Any, batch_rows: int) -> tuple[int, int]:
+    """(schema nesting depth, rows converted at a time) of a non-empty dataset: shared by
+    the whole reader and the worker splits."""
+    first = dataset.with_format("arrow")[0:1]
     depth = 1 + max((_type_depth(f.type) for f in first.schema), default=0)
-    if depth > MAX_DEPTH:
-        yield from _too_deep_rows(0, n, depth)
-        return
     avg = max(1, int(_row_nbytes(first).sum()))
     try:
         avg = max(avg, dataset.data.nbytes // max(1, dataset.data.num_rows))
     except Exception:  # noqa: BLE001 - only a batch-size hint
         pass
-    step = max(1, min(batch_rows, ARROW_BATCH_BYTES // avg))
+    return depth, max(1, min(batch_rows, ARROW_BATCH_BYTES // avg))
+
+
+def read_hf(spec: InputSpec, source: str, batch_rows: int, max_bytes: int) -> Iterator[Row]:
+    dataset = open_dataset(spec, source)
+    arrow = dataset.with_format("arrow")
+    n = len(dataset)
+    if not n:
+        return
+    depth, step = dataset_plan(dataset, batch_rows)
+    if depth > MAX_DEPTH:
+        yield from _too_deep_rows(0, n, depth)
+        return
     for start in range(0, n, step):
         yield from _arrow_rows(arrow[start: start + step], start, max_bytes)
 

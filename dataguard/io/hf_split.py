@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dataguard.io.arrow_reader import ARROW_BATCH_BYTES, _arrow_rows, _load_dataset, _row_nbytes, _type_depth
+from dataguard.io.arrow_reader import _arrow_rows, _load_dataset, dataset_plan, open_dataset
 from dataguard.io.bounded import InputError
 from dataguard.io.jsonscan import MAX_DEPTH
 from dataguard.io.parquet_split import row_ranges
@@ -42,24 +42,14 @@ def hf_layout(spec: InputSpec, batch_rows: int) -> HfLayout | None:
     if spec.dataset is not None or spec.path is None:
         return None
     try:
-        dataset = _load_dataset(spec, str(spec.name))
-        if isinstance(dataset, dict) or not hasattr(dataset, "with_format"):
-            return None  # a DatasetDict: the reader names the splits
+        dataset = open_dataset(spec, str(spec.name))
         n = len(dataset)
-        if n == 0:
-            return HfLayout(rows=0, chunk_rows=1, fingerprint=getattr(dataset, "_fingerprint", None))
-        first = dataset.with_format("arrow")[0:1]
-        if 1 + max((_type_depth(f.type) for f in first.schema), default=0) > MAX_DEPTH:
-            return None
-        avg = max(1, int(_row_nbytes(first).sum()))
-        try:
-            avg = max(avg, dataset.data.nbytes // max(1, dataset.data.num_rows))
-        except Exception:  # noqa: BLE001 - only a chunk-size hint
-            pass
+        depth, chunk_rows = dataset_plan(dataset, batch_rows) if n else (1, 1)
     except Exception:  # noqa: BLE001 - InputError or anything `datasets` raises: the whole reader reports it
         return None
-    return HfLayout(rows=n, chunk_rows=max(1, min(batch_rows, ARROW_BATCH_BYTES // avg)),
-                    fingerprint=getattr(dataset, "_fingerprint", None))
+    if depth > MAX_DEPTH:
+        return None
+    return HfLayout(rows=n, chunk_rows=chunk_rows, fingerprint=getattr(dataset, "_fingerprint", None))
 
 
 def hf_splits(spec: InputSpec, layout: HfLayout, batch_rows: int, max_bytes: int) -> Iterator[HfSplit]:

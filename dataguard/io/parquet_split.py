@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dataguard.io.arrow_reader import ARROW_BATCH_BYTES, _arrow_rows, _type_depth
+import numpy as np
+
+from dataguard.io.arrow_reader import _arrow_rows, parquet_plan
 from dataguard.io.bounded import InputError
 from dataguard.io.jsonscan import MAX_DEPTH
 from dataguard.io.raw import RawBatch
@@ -42,20 +44,15 @@ def parquet_layout(path: Path, batch_rows: int) -> ParquetLayout | None:
 
     try:
         stat = path.stat()
-        meta = pq.ParquetFile(path).metadata
-        depth = 1 + max((_type_depth(f.type) for f in meta.schema.to_arrow_schema()), default=0)
+        parquet = pq.ParquetFile(path)
+        depth, chunk_rows = parquet_plan(parquet, batch_rows)
     except Exception:  # noqa: BLE001 - any pyarrow failure: the reader reports it as a row
         return None
     if depth > MAX_DEPTH:
         return None
-    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-    avg = max(1, sum(g.total_byte_size for g in groups) // max(1, meta.num_rows))
-    starts, total = [], 0
-    for group in groups:
-        starts.append(total)
-        total += group.num_rows
-    return ParquetLayout(rows=meta.num_rows, group_starts=tuple(starts),
-                         chunk_rows=max(1, min(batch_rows, ARROW_BATCH_BYTES // avg)),
+    meta = parquet.metadata
+    starts = np.cumsum([0] + [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])[:-1]
+    return ParquetLayout(rows=meta.num_rows, group_starts=tuple(int(x) for x in starts), chunk_rows=chunk_rows,
                          stamp=(stat.st_size, stat.st_mtime_ns))
 
 
