@@ -23,9 +23,9 @@ and the backend table of ``benchmarks/bench_consistency.py`` in the README) and
 ``max_seq_length`` how many tokens of each side it reads (default: the model's trained length).
 
 Why median - 3 robust SDs: measured with all-MiniLM-L6-v2 (default backend onnx-int8, 128
-tokens; fp32 torch flags 99.1 % of these pairs alike) on real rows from
-/work/shared/data, comparing each row's real pair with a mismatched pair (every response
-shifted to the next row's prompt), via ``benchmarks/bench_consistency.py``:
+tokens; fp32 torch flags 99.1 % of these pairs alike) on real rows of the project's
+development data (the benchmark reads it; nothing at run time does), comparing each row's
+real pair with a mismatched pair (every response shifted to the next row's prompt), via ``benchmarks/bench_consistency.py``:
 
     ==========================  ===  ======  =====  ==========  =====  ===========  ==========
     data                        n    real    real   mismatched  rank   real rows    mismatched
