@@ -282,6 +282,39 @@ def test_onnx_export_lands_in_the_cache_and_is_reused(cache_dir: Path, vectors: 
     assert int8.stat().st_size < 30_000_000  # int8 weights: a quarter of the fp32 graph
 
 
+def test_exports_leave_out_the_slow_fusions_and_the_mask(cache_dir: Path, vectors: dict) -> None:
+    """The exported graphs carry none of the fused ops measured slower on the CPU, and their
+    attention ops get no mask; the session must not fuse them back either."""
+    import onnx
+    import onnxruntime as ort
+
+    from dataguard.embed import onnx_backend
+
+    for kind, attention in (("onnx", "Attention"), ("onnx-int8", "QAttention")):
+        path = next((cache_dir / "embed").glob(f"{kind}-gt_*/")) / "model.onnx"
+        ops = [node for node in onnx.load(str(path)).graph.node]
+        kinds = {node.op_type for node in ops}
+        assert not kinds & {"SkipLayerNormalization", "BiasGelu"}
+        assert {"LayerNormalization", "Gelu", attention} <= kinds  # the fusions that pay stay
+        slot = onnx_backend.MASK_INPUT[attention]
+        assert all(len(n.input) <= slot or not n.input[slot] for n in ops if n.op_type == attention)
+
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(cache_dir / f"{kind}-optimized.onnx")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=onnx_backend.SLOW_FUSIONS)
+        optimized = {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+        assert not optimized & {"SkipLayerNormalization", "BiasGelu"}
+
+
+def test_unmasked_attention_is_exact_because_nothing_is_padded(cache_dir: Path, vectors: dict, texts: dict) -> None:
+    """Each text runs alone, so a mask would be all ones: the fp32 export without it still
+    matches sentence-transformers to float rounding on texts of every length up to the cut."""
+    got = Embedder(backend="onnx").encode(texts["responses"][::3])  # Alpaca short, DPO past 128 tokens
+    want = vectors["torch"][1][::3]
+    assert np.abs(got - want).max() < 1e-5
+
+
 def test_consistency_stage_runs_each_backend(cache_dir: Path, real_data: Path) -> None:
     table = _rows(real_data, "alpaca_en_demo/alpaca_en_demo.json", 20)
     scores = {}
