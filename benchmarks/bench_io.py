@@ -9,6 +9,7 @@ point: readers stream, work units are bounded, shards are cut at `shard_rows`.
 Usage:  python benchmarks/bench_io.py [--sizes 100000,300000,1000000] [--workers 1,2] [--executor ray]
         (Ray: a local cluster of --workers CPUs; set RAY_TMPDIR to a folder of your own)
         python benchmarks/bench_io.py --format parquet --sizes 100000,1000000
+        python benchmarks/bench_io.py --format json --sizes 1000000 (one JSON array)
         python benchmarks/bench_io.py --stages two-fits --sizes 100000 --code /tmp/wt_base
         (`--stages two-fits`: two consecutive fit stages that share one boundary - exact dedup
         in flag mode, then a drift check on prompt lengths; `--code DIR` imports dataguard from
@@ -94,16 +95,20 @@ SOURCES = [
 ]
 
 
-def build_input(path: Path, rows: int) -> int:
-    """Write `rows` JSONL records cycling over the real files; returns bytes written."""
+def build_input(path: Path, rows: int, array: bool = False) -> int:
+    """Write `rows` records cycling over the real files, as JSON lines or (``array``) one
+    pretty-printed JSON array, one item per line; returns bytes written."""
     pool = []
     for source in SOURCES:
         pool.extend(json.loads(source.read_text()))
     with open(path, "w", encoding="utf-8") as f:
+        f.write("[\n" if array else "")
         for i in range(rows):
             record = dict(pool[i % len(pool)])
             record["id"] = f"r{i}"
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.write(("  " if array else "") + json.dumps(record, ensure_ascii=False)
+                    + (",\n" if array and i + 1 < rows else "\n"))
+        f.write("]\n" if array else "")
     return path.stat().st_size
 
 
@@ -173,8 +178,8 @@ def main() -> None:
     parser.add_argument("--stages", default="none", choices=sorted(STAGES),
                         help="two-fits: exact dedup (flag) then drift, two fit stages sharing one boundary")
     parser.add_argument("--code", default="", help="import dataguard from this checkout (default: this one)")
-    parser.add_argument("--format", default="jsonl", choices=("jsonl", "parquet"),
-                        help="parquet: Alpaca rows in one Parquet file (row groups of 100k), read by the workers")
+    parser.add_argument("--format", default="jsonl", choices=("jsonl", "json", "parquet"),
+                        help="json: one JSON array; parquet: Alpaca rows in one Parquet file (row groups of 100k)")
     parser.add_argument("--one", nargs=7, metavar=("INPUT", "OUT", "WORKERS", "BATCH_ROWS", "EXECUTOR", "STAGES", "CODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -189,7 +194,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dataguard-bench-") as tmp:
         for rows in sizes:
             input_path = Path(tmp) / f"in-{rows}.{args.format}"
-            size = build_input(input_path, rows) if args.format == "jsonl" else build_parquet(input_path, rows)
+            size = (build_parquet(input_path, rows) if args.format == "parquet" else
+                    build_input(input_path, rows, array=args.format == "json"))
             for w in workers:
                 # each measurement in its own interpreter so ru_maxrss is not carried over
                 res = subprocess.run([sys.executable, __file__, "--one", str(input_path),

@@ -97,6 +97,21 @@ def read_some(f: BinaryIO, size: int) -> bytes:
     return read1(size) if read1 is not None else f.read(size)
 
 
+def read_first(f: BinaryIO, size: int) -> tuple[bytes, int]:
+    """A stream's first read with a UTF-8 BOM cut off, and the BOM's length (0 or 3). Reads
+    on while the bytes could still be a BOM, or were only one, so how the stream happens to
+    be chunked never decides whether a BOM is seen."""
+    chunk = read_some(f, size)
+    while chunk and len(chunk) < 3 and BOM.startswith(chunk):
+        more = read_some(f, size)
+        if not more:
+            break
+        chunk += more
+    if not chunk.startswith(BOM):
+        return chunk, 0
+    return chunk[3:] or read_some(f, size), 3
+
+
 def read_head(f: BinaryIO, size: int) -> bytes:
     """Up to ``size`` bytes from the start of ``f`` (BOM removed); what a damaged file gives."""
     out = b""

@@ -22,18 +22,21 @@ from dataguard.io.json_window import ByteWindow
 class ItemCutter:
     """Items of the array opened at depth ``level`` whose first item starts at ``start``."""
 
-    def __init__(self, level: int, start: int, max_bytes: int, max_depth: int) -> None:
+    def __init__(self, level: int, start: int, max_bytes: int, max_depth: int, mark_every: int = 0) -> None:
         self.level = level
         self.depth = level
         self.max_bytes = max_bytes
         self.max_depth = max_depth
         self.items = 0  # items emitted (records and problems alike)
         self.separators = 0  # commas seen at the array's level
+        self.start = start  # where the array's first item starts
         self.item_start = start
         self.too_deep = False
         self.hasher: Any = None  # set once the open item is over max_bytes
         self.head = b""  # its first bytes, for the row that reports it
         self.hashed_to = 0
+        self.mark_every = mark_every  # > 0: note where every mark_every-th item after a comma starts
+        self.marks: list[int] = []
 
     def cut(self, pos: np.ndarray, kinds: np.ndarray, window: ByteWindow, out: list[Item]) -> tuple[int, int] | None:
         """Emit the items these events complete; returns (offset, code) of the bracket that
@@ -54,6 +57,8 @@ class ItemCutter:
             if k == COMMA:
                 self._end_item(p, window, out, closing=False)
                 self.separators += 1
+                if self.mark_every and self.items % self.mark_every == 0:
+                    self.marks.append(p + 1)
                 continue
             if k == CLOSE_OBJECT:
                 return p, k
@@ -69,7 +74,7 @@ class ItemCutter:
     def _end_item(self, p: int, window: ByteWindow, out: list[Item], closing: bool) -> None:
         before = len(out)
         if self.hasher is not None:
-            self.hasher.update(window.slice(self.hashed_to, p))
+            self._hash(window.slice(self.hashed_to, p))
             out.append(Oversize(self.head, p - self.item_start, self.hasher.hexdigest()))
         else:
             span = window.get(self.item_start, p)
@@ -85,11 +90,13 @@ class ItemCutter:
         self.items += len(out) - before
         self.item_start, self.hasher, self.head, self.too_deep = p + 1, None, b"", False
 
-    def partial(self, window: ByteWindow) -> bytes:
-        """The first bytes of the open item."""
+    def partial(self, window: ByteWindow, end: int | None = None) -> bytes:
+        """The first bytes of the open item (up to stream offset ``end``: where it was cut
+        short, so the bytes do not depend on where a read ended)."""
+        stop = window.end if end is None else end
         if self.hasher is not None:
-            return self.head
-        return window.get(self.item_start, min(window.end, self.item_start + RAW_KEEP_BYTES)).strip(WHITESPACE)
+            return self.head[:stop - self.item_start]
+        return window.get(self.item_start, min(stop, self.item_start + RAW_KEEP_BYTES)).strip(WHITESPACE)
 
     def keep_from(self, window: ByteWindow) -> int:
         """At the end of a chunk: the first stream offset still needed. An open item that grew
@@ -98,8 +105,15 @@ class ItemCutter:
             data = window.get(self.item_start)
             self.head, self.hasher = data[:RAW_KEEP_BYTES], hashlib.sha256(data)
         elif self.hasher is not None:
-            self.hasher.update(window.slice(self.hashed_to))
+            self._hash(window.slice(self.hashed_to))
         if self.hasher is None:
             return self.item_start
         self.hashed_to = window.end
         return window.end
+
+    def _hash(self, data: bytearray) -> None:
+        """More of an oversized item: hashed, and its head topped up to ``RAW_KEEP_BYTES`` (a
+        limit below that size must not make the head depend on where reads end)."""
+        self.hasher.update(data)
+        if len(self.head) < RAW_KEEP_BYTES:
+            self.head += bytes(data[:RAW_KEEP_BYTES - len(self.head)])

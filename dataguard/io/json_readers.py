@@ -23,6 +23,7 @@ from dataguard.io.bounded import (
     describe_error,
     open_binary,
     preview,
+    read_first,
     read_some,
 )
 from dataguard.io.json_parse import SLOW, parse_json_bytes, parse_jsonl_line, plain_json
@@ -134,27 +135,25 @@ def read_json_array(path: Path, source: str, json_key: str | None, max_bytes: in
         first = True
         while not framer.done:
             try:
-                chunk = read_some(f, bounded.READ_CHUNK_BYTES)
+                chunk = read_first(f, bounded.READ_CHUNK_BYTES)[0] if first else read_some(f, bounded.READ_CHUNK_BYTES)
             except READ_ERRORS as exc:
                 broken = Broken(describe_error(exc), framer.partial())
                 damage = damage_error(path, broken, f"byte {framer.end:,} of the uncompressed data")
                 yield position, None, damage.reason, f"item {position}: {damage.detail}", damage.raw
                 return
-            if first and chunk.startswith(bounded.BOM):
-                chunk = chunk[3:]
             first = False
             try:
                 items = framer.feed(chunk) if chunk else framer.finish()
             except FrameError as exc:
                 raise InputError(frame_message(source, json_key, exc)) from None
             for item in items:
-                yield _item_row(position, item, max_bytes)
+                yield item_row(position, item, max_bytes)
                 position += 1
             if not chunk:
                 return
 
 
-def _item_row(position: int, item: bytes | Oversize | Problem, max_bytes: int) -> Row:
+def item_row(position: int, item: bytes | Oversize | Problem, max_bytes: int) -> Row:
     where = f"item {position}"
     if isinstance(item, bytes):
         record = plain_json(item)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataguard.io.bounded import RAW_KEEP_BYTES
 from dataguard.io.json_items import ItemCutter
 from dataguard.io.json_keypath import KEY_KEEP_BYTES, PROBE_BYTES, KeyPath, missing
 from dataguard.io.json_problems import (
@@ -51,15 +52,34 @@ class JsonArrayFramer:
     a stray closing bracket or data after the array is one ``Problem`` row.
     """
 
-    def __init__(self, keys: list[str], max_bytes: int, max_depth: int = MAX_DEPTH) -> None:
+    def __init__(self, keys: list[str], max_bytes: int, max_depth: int = MAX_DEPTH, mark_every: int = 0) -> None:
         self.keys = keys
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        self.mark_every = mark_every  # see `ItemCutter.marks`: where input splits may start
         self.scanner = JsonScanner()
         self.window = ByteWindow()
-        self.mode = "start"  # start -> top -> nav (inside objects) -> items -> after | done
+        self.mode = "start"  # start -> top -> nav (inside objects) -> items -> after -> tail | done
+        self.tail = bytearray()  # in `tail`: the first bytes of data after the array
         self.path: KeyPath | None = None  # set in `nav`
         self.cutter: ItemCutter | None = None  # set from `items` on
+
+    @classmethod
+    def resume(cls, keys: list[str], max_bytes: int, level: int, offset: int, items: int) -> JsonArrayFramer:
+        """A framer fed from stream offset ``offset``, where item ``items`` of the array open
+        at depth ``level`` starts (offset just after ``[`` or after a comma at that level):
+        from there it frames exactly as one that read the stream from the start."""
+        framer = cls(keys, max_bytes)
+        framer.mode = "items"
+        framer.window.start = framer.window.end = offset
+        framer.cutter = ItemCutter(level, offset, max_bytes, framer.max_depth)
+        framer.cutter.items = framer.cutter.separators = items  # item k > 0 follows k commas
+        return framer
+
+    @property
+    def level(self) -> int:
+        """Depth of the array's items (1: a top-level array); 0 before the array is found."""
+        return self.cutter.level if self.cutter is not None else 0
 
     @property
     def done(self) -> bool:
@@ -86,7 +106,7 @@ class JsonArrayFramer:
         if self.mode == "done" or not chunk:
             return out
         base = self.window.end
-        if self.mode == "after":
+        if self.mode in ("after", "tail"):
             self.window.skip(len(chunk))
             self._trailing(chunk, out)
             return out
@@ -124,6 +144,8 @@ class JsonArrayFramer:
         """At the end of the stream: an unclosed array is one row; no array is a FrameError."""
         mode, head = self.mode, self.partial()
         self.mode = "done"
+        if mode == "tail":
+            return [trailing_data(self.items, bytes(self.tail).rstrip(WHITESPACE))]
         if mode == "items":
             assert self.cutter is not None
             return [truncated(self.cutter.items, self.end - self.cutter.item_start, head)]
@@ -149,7 +171,7 @@ class JsonArrayFramer:
 
     def _start_array(self, level: int, p: int) -> None:
         self.mode = "items"
-        self.cutter = ItemCutter(level, p + 1, self.max_bytes, self.max_depth)
+        self.cutter = ItemCutter(level, p + 1, self.max_bytes, self.max_depth, self.mark_every)
 
     def _cut(self, pos: np.ndarray, kinds: np.ndarray, chunk: bytes, base: int, out: list[Item]) -> None:
         assert self.cutter is not None
@@ -158,7 +180,7 @@ class JsonArrayFramer:
             return
         p, k = closed
         if k == CLOSE_OBJECT:
-            out.append(stray_close(p, self.cutter.items, self.partial()))
+            out.append(stray_close(p, self.cutter.items, self.cutter.partial(self.window, p)))
             self.mode = "done"
         elif self.keys:
             self.mode = "done"  # the array under the key is read; the rest is not ours
@@ -167,9 +189,16 @@ class JsonArrayFramer:
             self._trailing(chunk[p + 1 - base:], out)
 
     def _trailing(self, rest: bytes, out: list[Item]) -> None:
-        data = rest.strip(WHITESPACE)
-        if data:
-            out.append(trailing_data(self.items, data))
+        """Bytes after the top-level array: whitespace, or one row showing the first
+        ``RAW_KEEP_BYTES`` of what follows (read on until that much, or the end, is seen)."""
+        if self.mode == "after":
+            rest = rest.lstrip(WHITESPACE)
+            if not rest:
+                return
+            self.mode = "tail"
+        self.tail += rest[:RAW_KEEP_BYTES - len(self.tail)]
+        if len(self.tail) >= RAW_KEEP_BYTES:
+            out.append(trailing_data(self.items, bytes(self.tail).rstrip(WHITESPACE)))
             self.mode = "done"
 
     def _after_chunk(self) -> None:

@@ -33,6 +33,7 @@ from dataguard.io.bounded import (
     Row,
     bounded_lines,
     open_binary,
+    read_first,
     read_head,
     read_some,
 )
@@ -154,11 +155,9 @@ def _object_keys(path: Path) -> FrameError:
             first = True
             while True:
                 try:
-                    chunk = read_some(f, bounded.READ_CHUNK_BYTES)
+                    chunk = read_first(f, bounded.READ_CHUNK_BYTES)[0] if first else read_some(f, bounded.READ_CHUNK_BYTES)
                 except READ_ERRORS:
                     chunk = b""
-                if first and chunk.startswith(bounded.BOM):
-                    chunk = chunk[3:]
                 first = False
                 if not chunk:
                     framer.finish()

@@ -34,6 +34,7 @@ from typing import Any, Protocol, cast
 import pyarrow as pa
 
 from dataguard.executors.process import one_math_thread
+from dataguard.io.array_split import ArraySplit
 from dataguard.io.hf_split import HfSplit
 from dataguard.io.json_readers import LineSplit
 from dataguard.io.parquet_split import ParquetSplit
@@ -135,8 +136,9 @@ class SegmentWork:
 @dataclass
 class UnitTask:
     """One unit of one segment, and where this segment's results go. What it reads: when
-    the segment starts with ``source``, a `LineSplit` (a byte range of a JSON-lines file the
-    worker reads itself) or a raw batch the driver read; else the previous segment's files."""
+    the segment starts with ``source``, an input split the worker reads itself (a byte range
+    of JSON lines or of a JSON array's items, Parquet row groups, a saved dataset's rows) or a
+    raw batch the driver read; else the previous segment's files."""
 
     unit: int
     source: str
@@ -144,7 +146,7 @@ class UnitTask:
     raw: RawBatch | None = None
     options: SourceOptions | None = None
     previous: UnitFiles | None = None
-    split: LineSplit | ParquetSplit | HfSplit | None = None
+    split: LineSplit | ArraySplit | ParquetSplit | HfSplit | None = None
     marks: dict[int, int] | None = None  # the previous segment's marks (shared boundary)
 
 

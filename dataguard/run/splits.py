@@ -9,14 +9,19 @@ boundaries depend on the file's bytes, ``split_bytes`` and ``batch_rows`` only, 
 scheduling; a file smaller than ``split_bytes`` gets exactly the units the whole-file reader
 gives (``batch_rows`` records each).
 
+A plain JSON array (top-level, or under ``json_key``) is indexed by one worker
+(`ArrayIndexTask`, a sequential scan: a comma may sit inside a string), and the driver turns
+the offsets where every ``batch_rows``-th item starts into `ArraySplit` units
+(`dataguard.io.array_split`); what the index cannot vouch for is read whole, as before.
+
 A Parquet file is planned from its footer alone (`dataguard.io.parquet_split`), a saved
 Hugging Face dataset from its length (`dataguard.io.hf_split`; memory-mapped): units of
 ``batch_rows`` rows that the workers read themselves.
 
 Other inputs are read in the driver as before (`dataguard.io.readers.read_batches`, JSON
-lines parsed in the worker): a ``.gz`` stream cannot be entered in the middle, and JSON
-arrays and CSV (quoted fields may hold newlines) have no exact split without a sequential
-scan, and in-memory datasets do not travel to workers.
+lines parsed in the worker): a ``.gz`` stream cannot be entered in the middle, CSV (quoted
+fields may hold newlines) has no exact split without a sequential scan of its own, and
+in-memory datasets do not travel to workers.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataguard.io.array_split import ArrayIndex, ArraySplit, array_splits, index_array
 from dataguard.io.hf_split import HfLayout, HfSplit, hf_layout, hf_splits
 from dataguard.io.json_readers import LineSplit
 from dataguard.io.line_index import LineIndex, index_lines, plan_line_ranges
@@ -40,6 +46,7 @@ from dataguard.io.readers import (
 )
 
 SPLIT_BYTES = 64 << 20  # a range per this many bytes of a JSON-lines file
+InputSplit = LineSplit | ArraySplit | ParquetSplit | HfSplit  # what a worker reads itself
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,27 @@ class IndexTask:
         return {"rows_in": 0, "key": (self.input, self.part), "index": index}
 
 
-def splittable(spec: InputSpec) -> bool:
-    """A plain JSON-lines file: the only input workers read in ranges today."""
+@dataclass(frozen=True)
+class ArrayIndexTask:
+    """Index one JSON array input in a worker (see `index_array`)."""
+
+    input: int
+    path: str
+    json_key: str | None
+    every: int
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES
+
+    def run(self) -> dict[str, Any]:
+        index = index_array(Path(self.path), self.json_key, self.max_bytes, self.every)
+        return {"rows_in": 0, "key": (self.input, 0), "array": index}
+
+
+def splittable(spec: InputSpec, reader: str = "jsonl") -> bool:
+    """A plain (uncompressed) file that ``reader`` reads: what workers read in parts."""
     if spec.dataset is not None or spec.path is None:
         return False
     path = Path(spec.path)
-    return path.is_file() and not path.name.lower().endswith(".gz") and spec.resolved_reader() == "jsonl"
+    return path.is_file() and not path.name.lower().endswith(".gz") and spec.resolved_reader() == reader
 
 
 @dataclass(frozen=True)
@@ -79,20 +101,26 @@ class DescribeTask:
         return {"rows_in": 0, "key": (self.input, -1), "info": describe_input(self.spec)}
 
 
+PlanTask = IndexTask | ArrayIndexTask | DescribeTask  # what the plan runs in workers
+
+
 class InputPlan:
     """Every input's facts and units, in input order: `LineSplit`s for split inputs, else
     raw batches. The workers hash the input files and index the ranges in one round."""
 
     def __init__(self, specs: Sequence[InputSpec], batch_rows: int, split_bytes: int,
-                 run_tasks: Callable[[list[IndexTask | DescribeTask]], list[dict[str, Any]]]) -> None:
+                 run_tasks: Callable[[list[PlanTask]], list[dict[str, Any]]]) -> None:
         self.specs = list(specs)
         self.batch_rows = batch_rows
-        tasks: list[IndexTask | DescribeTask] = [DescribeTask(i, spec) for i, spec in enumerate(self.specs)
-                                                 if spec.dataset is None]
+        tasks: list[PlanTask] = [DescribeTask(i, spec) for i, spec in enumerate(self.specs) if spec.dataset is None]
+        # the longest task first: a large array's sequential scan overlaps everything else
+        tasks[:0] = [ArrayIndexTask(i, str(spec.path), spec.json_key, batch_rows)
+                     for i, spec in enumerate(self.specs) if splittable(spec, "json")]
         tasks += [IndexTask(i, r, str(spec.path), start, end, batch_rows)
                   for i, spec in enumerate(self.specs) if splittable(spec)
                   for r, (start, end) in enumerate(_ranges(spec, split_bytes))]
         self.indexes: dict[int, list[LineIndex]] = {}
+        self.arrays: dict[int, ArrayIndex] = {}
         # else (None) the whole-file reader reports what is wrong, as a row or one error line
         self.layouts: dict[int, ParquetLayout | HfLayout] = {}
         for i, spec in enumerate(self.specs):
@@ -103,17 +131,24 @@ class InputPlan:
         for result in sorted(run_tasks(tasks), key=lambda res: res["key"]) if tasks else []:
             if "info" in result:
                 infos[result["key"][0]] = result["info"]
+            elif "array" in result:
+                if result["array"].splittable:
+                    self.arrays[result["key"][0]] = result["array"]
             else:
                 self.indexes.setdefault(result["key"][0], []).append(result["index"])
         # in-memory datasets are described here: they do not travel to workers
         self.input_info = [infos[i] if i in infos else describe_input(spec) for i, spec in enumerate(self.specs)]
 
-    def units(self) -> Iterator[tuple[InputSpec, LineSplit | ParquetSplit | HfSplit | RawBatch]]:
+    def units(self) -> Iterator[tuple[InputSpec, InputSplit | RawBatch]]:
         """(input, what its next unit reads), lazily: raw batches are read only when asked for."""
         for i, spec in enumerate(self.specs):
             if i in self.indexes:
                 for split in line_splits(str(spec.path), self.indexes[i], self.batch_rows):
                     yield spec, split
+            elif i in self.arrays:
+                for part in array_splits(str(spec.path), spec.json_key, self.arrays[i], self.batch_rows,
+                                         DEFAULT_MAX_RECORD_BYTES):
+                    yield spec, part
             elif i in self.layouts:
                 layout = self.layouts[i]
                 parts = (parquet_splits(str(spec.path), layout, self.batch_rows, DEFAULT_MAX_RECORD_BYTES)
