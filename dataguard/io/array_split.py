@@ -91,7 +91,7 @@ class ArraySplit:
         """The unit's rows, parsed here (in the worker)."""
         batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
         if self.records == 0:
-            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            batch.add_empty_file()
             return batch
         path = Path(self.path)
         keys = self.json_key.split(".") if self.json_key else []

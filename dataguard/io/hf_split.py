@@ -75,7 +75,7 @@ class HfSplit:
             raise InputError(f"input {source!r}: {self.spec.path} changed while it was read (its rows or "
                              "fingerprint differ from when the run was planned)")
         if self.rows == 0:
-            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            batch.add_empty_file()
             return batch
         arrow = dataset.with_format("arrow")
         end = self.start + self.rows

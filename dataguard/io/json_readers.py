@@ -84,7 +84,7 @@ def deferred_jsonl(path: Path, source: str, batch_rows: int, max_bytes: int) -> 
             yield batch
             batch = RawBatch(source=source, max_record_bytes=max_bytes)
     if seen == 0:
-        batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+        batch.add_empty_file()
     if len(batch):
         yield batch
 
@@ -108,7 +108,7 @@ class LineSplit:
         """The unit's lines, unparsed (``RawBatch.parse_pending`` parses them)."""
         batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
         if self.records == 0:
-            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            batch.add_empty_file()
             return batch
         path = Path(self.path)
         with open_binary(path) as f:

@@ -98,7 +98,7 @@ class ParquetSplit:
             raise InputError(f"input {source!r}: {self.path} changed while it was read (planned from its footer "
                              "at the start of the run)")
         if self.rows == 0:
-            batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+            batch.add_empty_file()
             return batch
         for row in self._rows():
             batch.add_row(row)

@@ -70,6 +70,10 @@ class RawBatch:
         self.details.append(detail)
         self.raw.append(raw)
 
+    def add_empty_file(self) -> None:
+        """The one row an input without any record gives (so it is not silently missing)."""
+        self.add_error(0, "empty_file", f"input {self.source!r} contains no records", "")
+
     def row_id(self, i: int) -> str:
         """Stable id for row i: the source name and its position in the source."""
         return f"{self.source}:{self.positions[i]}"

@@ -216,7 +216,7 @@ def _rebatch(rows: Iterator[Row], source: str, batch_rows: int) -> Iterator[RawB
             yield batch
             batch = RawBatch(source=source)
     if seen == 0:
-        batch.add_error(0, "empty_file", f"input {source!r} contains no records", "")
+        batch.add_empty_file()
     if len(batch):
         yield batch
 
