@@ -114,3 +114,29 @@ def test_window_addresses_stream_offsets_after_it_is_trimmed() -> None:
     w.add(b"abcdef")
     w.forget_before(5)
     assert (w.start, w.end, w.get(6), w.get(5, 7)) == (5, 9, b"def", b"cd")
+
+
+def test_the_compiled_scanner_matches_the_numpy_one_across_any_cuts() -> None:
+    """Same events and carried state (in a string, the backslash run) as the NumPy reference,
+    on random bytes rich in quotes, backslashes and brackets, cut anywhere."""
+    import random
+
+    from dataguard.io import json_structure
+    from dataguard.io.json_structure import JsonScanner
+
+    assert json_structure._compiled is not None  # built at install: the fast path is the one in use
+    rng = random.Random(7)
+    alphabet = b'ab"\\[]{},: \n\xc3\xa9'
+    for _ in range(2000):
+        data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+        fast, ref = JsonScanner(), JsonScanner()
+        fast.in_string = ref.in_string = rng.random() < 0.3
+        fast.backslashes = ref.backslashes = rng.randint(0, 3)
+        cuts = sorted(rng.sample(range(len(data) + 1), min(4, len(data) + 1)))
+        for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True):
+            (p1, k1), (p2, k2) = fast.events(data[a:b]), ref.numpy_events(data[a:b])
+            assert p1.dtype == p2.dtype and k1.dtype == k2.dtype
+            assert p1.tolist() == p2.tolist() and k1.tolist() == k2.tolist(), data
+            assert (fast.in_string, fast.backslashes) == (ref.in_string, ref.backslashes), data
+    with pytest.raises(ValueError, match="backslashes"):
+        json_structure._compiled.events(b"[]", False, -1)

@@ -23,12 +23,17 @@ _CLASS_TABLE = bytes(_CLASSES)
 OPEN_ARRAY, OPEN_OBJECT, CLOSE_ARRAY, CLOSE_OBJECT, COMMA, COLON = 2, 3, 4, 5, 6, 7
 _BACKSLASH = 92
 
+try:  # the compiled scanner (dataguard/io/_jsonscan.c), built at install; else the NumPy one
+    from dataguard.io import _jsonscan as _compiled
+except ImportError:  # pragma: no cover - a checkout whose extensions were not built
+    _compiled = None
+
 
 class JsonScanner:
     """Finds the structural characters of a JSON byte stream that lie outside strings.
 
-    Vectorised per chunk (``bytes.translate`` + NumPy), with the in-string state and a
-    trailing backslash run carried across chunks, so a reader can frame, depth-check and
+    One compiled pass per chunk (``_jsonscan.c``; a vectorised NumPy twin where it is not
+    built), with the in-string state and a trailing backslash run carried across chunks, so a reader can frame, depth-check and
     size-check JSON without parsing it (no recursion, no per-byte Python loop). Exact for
     valid JSON; on invalid JSON it may mis-frame, which only ever turns into rejected rows.
     """
@@ -39,6 +44,14 @@ class JsonScanner:
 
     def events(self, chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
         """(offsets in ``chunk``, codes) of the structural characters outside strings."""
+        if _compiled is None:
+            return self.numpy_events(chunk)
+        pos, kinds, self.in_string, self.backslashes = _compiled.events(chunk, self.in_string, self.backslashes)
+        return np.frombuffer(pos, np.int64), np.frombuffer(kinds, np.uint8)
+
+    def numpy_events(self, chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """``events`` in NumPy: the reference the compiled scanner is tested against, and what
+        runs where it was not built."""
         codes = np.frombuffer(chunk.translate(_CLASS_TABLE), np.uint8)
         pos = np.flatnonzero(codes)
         kinds = codes[pos]
