@@ -48,15 +48,16 @@ def test_install_without_a_compiler_says_what_to_install(tmp_path):
     # setup.py builds the kernel; with no usable compiler it stops with one clear message.
     repo = Path(__file__).resolve().parent.parent
     (tmp_path / "dataguard" / "text").mkdir(parents=True)
-    for name in ("setup.py", "pyproject.toml", "README.md", "dataguard/text/_qscore.c"):
+    (tmp_path / "dataguard" / "io").mkdir(parents=True)
+    for name in ("setup.py", "pyproject.toml", "README.md", "dataguard/text/_qscore.c", "dataguard/io/_jsonscan.c"):
         (tmp_path / name).write_bytes((repo / name).read_bytes())
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler")}
     proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert "could not compile its repetition-score kernel" in proc.stderr
+    assert "could not compile its kernels" in proc.stderr
     assert "apt install gcc python3-dev" in proc.stderr and "no-such-compiler" in proc.stderr
-    assert not list((tmp_path / "dataguard" / "text").glob("*.so"))
+    assert not list((tmp_path / "dataguard").rglob("*.so"))
 
 
 def test_results_are_keyed_by_name():
