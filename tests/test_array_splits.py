@@ -58,6 +58,7 @@ CASES: dict[str, bytes] = {
     "trailing data": b'[{"a": 1}, {"b": 2}, {"c": 3}] {"d": 4}',
     "trailing data after a full unit": b'[{"a": 1}, {"b": 2}] garbage',
     "stray close": b'[{"a": 1}, {"b": 2}, {"c": 3} } , {"d": 4}]',
+    "stray close after an oversize item": b'[1,  {"a": "' + b"x" * 300 + b'"}   }  ]',
     "not an array": b'"hello"',
     "nothing": b"",
     "whitespace only": b"  \n ",
@@ -217,3 +218,29 @@ def test_a_file_changed_after_indexing_is_refused(tmp_path: Path) -> None:
     _alpaca(path, 11)
     with pytest.raises(InputError, match="changed while it was read"):
         units[-1].read("s")
+
+
+@pytest.mark.parametrize("name", ["stray close after an oversize item", "trailing data", "oversize items", "truncated"])
+def test_previews_do_not_depend_on_where_reads_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   name: str) -> None:
+    """The whole-file reader gives the same rows (previews included) for any read size, which
+    is what lets a unit that starts its reads elsewhere give them too."""
+    path = tmp_path / "in.json"
+    path.write_bytes(CASES[name])
+    seen = []
+    for chunk in (1, 3, 5, 7, 64, 1 << 20):
+        monkeypatch.setattr(bounded, "READ_CHUNK_BYTES", chunk)
+        seen.append(_whole(path, 10, None, 200))
+    assert all(rows == seen[0] for rows in seen)
+
+
+def test_trailing_data_before_a_damaged_gzip_end_is_still_that_row(tmp_path: Path) -> None:
+    import gzip
+
+    data = gzip.compress(b'[{"a": 1}, {"b": 2}] {"oops": "trailing object"}' + b" " * 5000)
+    path = tmp_path / "in.json.gz"
+    path.write_bytes(data[:-12])  # the stream breaks inside the whitespace after the object
+    rows = [r for batch in _whole(path, 10, None, DEFAULT_MAX_RECORD_BYTES) for r in batch]
+    assert [r[0] for r in rows] == [0, 1, 2]
+    assert rows[2][2:] == ("invalid_json", "item 2: data after the end of the JSON array (after 2 items)",
+                           '{"oops": "trailing object"}')

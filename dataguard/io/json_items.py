@@ -94,9 +94,12 @@ class ItemCutter:
         """The first bytes of the open item (up to stream offset ``end``: where it was cut
         short, so the bytes do not depend on where a read ended)."""
         stop = window.end if end is None else end
-        if self.hasher is not None:
-            return self.head[:stop - self.item_start]
-        return window.get(self.item_start, min(stop, self.item_start + RAW_KEEP_BYTES)).strip(WHITESPACE)
+        if self.hasher is None:
+            return window.get(self.item_start, min(stop, self.item_start + RAW_KEEP_BYTES)).strip(WHITESPACE)
+        head = self.head  # hashed up to the last read's end; the bytes after it are still held
+        if len(head) < RAW_KEEP_BYTES and stop > self.hashed_to:
+            head += window.get(self.hashed_to, min(stop, self.hashed_to + RAW_KEEP_BYTES - len(head)))
+        return head[:min(stop - self.item_start, RAW_KEEP_BYTES)].strip(WHITESPACE)
 
     def keep_from(self, window: ByteWindow) -> int:
         """At the end of a chunk: the first stream offset still needed. An open item that grew

@@ -137,6 +137,10 @@ def read_json_array(path: Path, source: str, json_key: str | None, max_bytes: in
             try:
                 chunk = read_first(f, bounded.READ_CHUNK_BYTES)[0] if first else read_some(f, bounded.READ_CHUNK_BYTES)
             except READ_ERRORS as exc:
+                if framer.mode == "tail":  # the array was whole: its trailing data is the row to report
+                    for item in framer.finish():
+                        yield item_row(position, item, max_bytes)
+                    return
                 broken = Broken(describe_error(exc), framer.partial())
                 damage = damage_error(path, broken, f"byte {framer.end:,} of the uncompressed data")
                 yield position, None, damage.reason, f"item {position}: {damage.detail}", damage.raw
