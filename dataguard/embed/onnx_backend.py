@@ -115,7 +115,7 @@ def _unmask_attention(path: Path) -> None:
     ones and only costs the kernel time. Unfused graphs (no such ops) are left as they are."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)  # weights a large export keeps beside it stay there
     changed = False
     for node in model.graph.node:
         slot = MASK_INPUT.get(node.op_type) if node.domain == "com.microsoft" else None
