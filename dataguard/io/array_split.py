@@ -12,7 +12,8 @@ batches `read_batches` gives, so the output bytes do not depend on which path re
 
 What the index cannot vouch for is read whole, by the driver, as before: a file that is
 not an array where expected (one row, or the input's one-line error), a read error, and the
-rare file whose final row (data after the array, a stray ``}``) would start a unit of its own.
+rare file whose final row, data after the array, would start a unit of its own (a stray
+``}`` always stands in for an item that began after a comma, so a unit starts there).
 """
 
 from __future__ import annotations

@@ -137,12 +137,14 @@ def read_json_array(path: Path, source: str, json_key: str | None, max_bytes: in
             try:
                 chunk = read_first(f, bounded.READ_CHUNK_BYTES)[0] if first else read_some(f, bounded.READ_CHUNK_BYTES)
             except READ_ERRORS as exc:
-                if framer.mode == "tail":  # the array was whole: its trailing data is the row to report
-                    for item in framer.finish():
-                        yield item_row(position, item, max_bytes)
-                    return
                 broken = Broken(describe_error(exc), framer.partial())
                 damage = damage_error(path, broken, f"byte {framer.end:,} of the uncompressed data")
+                if framer.mode == "tail":  # the array was whole: one row for what follows it, damage included
+                    for item in framer.finish():
+                        if isinstance(item, Problem):
+                            item = Problem(item.reason, f"{item.detail}; then {damage.detail}", item.head)
+                        yield item_row(position, item, max_bytes)
+                    return
                 yield position, None, damage.reason, f"item {position}: {damage.detail}", damage.raw
                 return
             first = False

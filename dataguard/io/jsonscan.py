@@ -156,7 +156,7 @@ class JsonArrayFramer:
     def partial(self) -> bytes:
         """The first bytes of the item being cut (for the row that reports damage)."""
         c = self.cutter
-        if c is None or (self.mode != "items" and c.hasher is None):
+        if c is None or self.mode != "items":
             return b""
         return c.partial(self.window)
 
