@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from dataguard.io import bounded
 from dataguard.io.bounded import READ_ERRORS, InputError, open_binary, read_first, read_some
-from dataguard.io.json_readers import item_row
+from dataguard.io.json_readers import CountedSplit, item_row
 from dataguard.io.jsonscan import FrameError, JsonArrayFramer
 from dataguard.io.line_index import RangeReader
 from dataguard.io.raw import RawBatch
@@ -72,11 +72,11 @@ def index_array(path: Path, json_key: str | None, max_bytes: int, every: int) ->
 
 
 @dataclass(frozen=True)
-class ArraySplit:
+class ArraySplit(CountedSplit):
     """One unit of a JSON array as a worker reads it: ``records`` rows from the item that
     starts at stream offset ``start``; the last unit reads to the end of the file, the others
-    to ``end`` (just after the comma before the next unit). ``records == 0``: an empty array,
-    one ``empty_file`` row. Small and picklable: what the driver sends instead of rows."""
+    to ``end`` (just after the comma before the next unit). Small and picklable: what the
+    driver sends instead of rows."""
 
     path: str
     json_key: str | None
@@ -88,13 +88,8 @@ class ArraySplit:
     records: int
     max_bytes: int
 
-    def read(self, source: str) -> RawBatch:
-        """The unit's rows, parsed here (in the worker)."""
-        batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
-        if self.records == 0:
-            batch.add_empty_file()
-            return batch
-        path = Path(self.path)
+    def fill(self, batch: RawBatch, source: str, path: Path) -> None:
+        """The unit's rows, framed and parsed here (in the worker)."""
         keys = self.json_key.split(".") if self.json_key else []
         framer = JsonArrayFramer.resume(keys, self.max_bytes, self.level, self.start, self.position)
         position = self.position
@@ -113,10 +108,9 @@ class ArraySplit:
                     position += 1
                 if not chunk:
                     break
-        if len(batch) != self.records:
-            raise InputError(f"input {source!r}: {path} changed while it was read (items from byte "
-                             f"{self.start:,} held {self.records} rows, now {len(batch)})")
-        return batch
+
+    def where(self) -> str:
+        return f"the items from byte {self.start:,}"
 
 
 def array_splits(path: str, json_key: str | None, index: ArrayIndex, batch_rows: int,

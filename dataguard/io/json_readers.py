@@ -5,6 +5,7 @@ rejected row and the hot path (ordinary JSON) stays a single ``json.loads``.
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,12 +90,41 @@ def deferred_jsonl(path: Path, source: str, batch_rows: int, max_bytes: int) -> 
         yield batch
 
 
+class CountedSplit(ABC):
+    """What every byte-range split of a file shares when a worker reads it: ``records`` rows
+    of ``path`` as its index counted them. ``records == 0`` stands for an input without any
+    (one ``empty_file`` row), and any other count than the index's means the file changed
+    after it was indexed: refused, never a silently shorter or longer unit."""
+
+    path: str
+    records: int
+    max_bytes: int
+
+    def read(self, source: str) -> RawBatch:
+        batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
+        if self.records == 0:
+            batch.add_empty_file()
+            return batch
+        self.fill(batch, source, Path(self.path))
+        if len(batch) != self.records:
+            raise InputError(f"input {source!r}: {self.path} changed while it was read ({self.where()} held "
+                             f"{self.records} records, now {len(batch)})")
+        return batch
+
+    @abstractmethod
+    def fill(self, batch: RawBatch, source: str, path: Path) -> None:
+        """Add the unit's rows (each split reads its own way)."""
+
+    @abstractmethod
+    def where(self) -> str:
+        """The unit's range, as the error names it."""
+
+
 @dataclass(frozen=True)
-class LineSplit:
+class LineSplit(CountedSplit):
     """One unit of a JSON-lines file as a worker reads it: the byte range of its lines, the
     position and line number its first record continues from, and how many records the
-    index found there (``records == 0`` stands for a file without any: one ``empty_file``
-    row). Small and picklable: what the driver sends instead of rows."""
+    index found there. Small and picklable: what the driver sends instead of rows."""
 
     path: str
     start: int
@@ -104,21 +134,15 @@ class LineSplit:
     records: int
     max_bytes: int
 
-    def read(self, source: str) -> RawBatch:
+    def fill(self, batch: RawBatch, source: str, path: Path) -> None:
         """The unit's lines, unparsed (``RawBatch.parse_pending`` parses them)."""
-        batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
-        if self.records == 0:
-            batch.add_empty_file()
-            return batch
-        path = Path(self.path)
         with open_binary(path) as f:
             f.seek(self.start)
             batch.pending.extend(_jsonl_lines(path, self.max_bytes, RangeReader(f, self.end - self.start),
                                               self.position, self.line_base, strip_bom=self.start == 0))
-        if len(batch.pending) != self.records:
-            raise InputError(f"input {source!r}: {path} changed while it was read (bytes {self.start:,}-"
-                             f"{self.end:,} held {self.records} records, now {len(batch.pending)})")
-        return batch
+
+    def where(self) -> str:
+        return f"bytes {self.start:,}-{self.end:,}"
 
 
 # ------------------------------------------------------------------ JSON arrays
