@@ -64,9 +64,9 @@ class Located:
         alias's key, or to where the anchored value is written), so the walk is linear in
         the file, never in the aliases' expansion."""
         seen: set[int] = set()
-        todo: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
-        while todo:
-            node, path = todo.pop()
+        pending: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
+        while pending:
+            node, path = pending.pop()
             self.lines.setdefault(path, node.start_mark.line + 1)
             if id(node) in seen:
                 continue
@@ -76,9 +76,9 @@ class Located:
                     key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
                     if path + (key,) not in self.lines:  # the last of merged (<<) and own keys wins
                         self.lines[path + (key,)] = key_node.start_mark.line + 1
-                        todo.append((value_node, path + (key,)))
+                        pending.append((value_node, path + (key,)))
             elif isinstance(node, yaml.SequenceNode):
-                todo.extend((item, path + (i,)) for i, item in reversed(list(enumerate(node.value))))
+                pending.extend((item, path + (i,)) for i, item in reversed(list(enumerate(node.value))))
 
     def line(self, path: tuple[Any, ...]) -> int | None:
         probe = path
@@ -173,9 +173,9 @@ def _check_duplicate_keys(root: yaml.Node, filename: str) -> None:
     """A key written twice in one mapping is a mistake YAML forgives silently (the last
     wins): a second `stages:` would drop the first list without a word."""
     seen: set[int] = set()
-    todo = [root]
-    while todo:
-        node = todo.pop()
+    pending = [root]
+    while pending:
+        node = pending.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
@@ -188,9 +188,9 @@ def _check_duplicate_keys(root: yaml.Node, filename: str) -> None:
                         raise ConfigError(f"{filename}:{line}: {key_node.value}: duplicate key (first on line "
                                           f"{first[key]}); YAML would silently keep only the last")
                     first[key] = line
-                todo.append(value_node)
+                pending.append(value_node)
         elif isinstance(node, yaml.SequenceNode):
-            todo.extend(node.value)
+            pending.extend(node.value)
 
 
 def _yaml_error(exc: yaml.YAMLError, filename: str, text: str) -> ConfigError:

@@ -294,12 +294,12 @@ def _linked_pairs(keys: np.ndarray, valid: np.ndarray, similarity: Any, threshol
         known[known] = checked_keys[pos[known]] == uniq[known]
         ok_u = np.zeros(len(uniq), dtype=bool)
         ok_u[known] = checked_ok[pos[known]]
-        todo = ~known
-        if todo.any():
-            ok_u[todo] = similarity(np.stack([uniq[todo] // n, uniq[todo] % n], axis=1)) >= threshold
-            keys_all = np.concatenate([checked_keys, uniq[todo]])
+        pending = ~known
+        if pending.any():
+            ok_u[pending] = similarity(np.stack([uniq[pending] // n, uniq[pending] % n], axis=1)) >= threshold
+            keys_all = np.concatenate([checked_keys, uniq[pending]])
             order = np.argsort(keys_all, kind="stable")
-            checked_keys, checked_ok = keys_all[order], np.concatenate([checked_ok, ok_u[todo]])[order]
+            checked_keys, checked_ok = keys_all[order], np.concatenate([checked_ok, ok_u[pending]])[order]
         ok = ok_u[inv]
         accepted.append(uniq[ok_u])
         failed = member.copy()

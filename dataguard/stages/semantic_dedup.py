@@ -152,7 +152,7 @@ class SemanticDedupStage(Stage):
         n, dim = len(texts), self.embedder.dimension
         valid = np.array([bool(t.strip()) for t in texts], dtype=bool)
         vecs = np.zeros((n, dim), dtype=np.float32)
-        todo = valid.copy()
+        pending = valid.copy()
         if self.scope == "user" and PROMPT_COLUMN in batch.column_names and n:
             # the consistency stage's vectors are of the raw user text: reusable where
             # stripping changed nothing but whitespace (the word-piece tokenizer ignores it)
@@ -163,9 +163,9 @@ class SemanticDedupStage(Stage):
                 sub = batch.filter(pa.array(stored))
                 got = embeddings_for(sub, PROMPT_COLUMN, [texts[i] for i in np.flatnonzero(stored)], self.embedder)
                 vecs[stored] = got
-                todo &= ~stored
-        if todo.any():
-            vecs[todo] = self.embedder.encode([texts[i] for i in np.flatnonzero(todo)])
+                pending &= ~stored
+        if pending.any():
+            vecs[pending] = self.embedder.encode([texts[i] for i in np.flatnonzero(pending)])
         return SemanticSummary(ids=batch.column("id").to_pylist(), vectors=vecs, valid=valid,
                                lengths=np.fromiter(map(len, texts), np.int64, count=n),
                                preferred=is_validation(batch, self.validation_sources))

@@ -30,12 +30,12 @@ def embed_texts(texts: Sequence[str], batch_size: int = 64, *, backend: str | No
 
     embedder = Embedder(batch_size=batch_size, backend=backend or DEFAULT_BACKEND, max_seq_length=max_seq_length)
     setup = embedder.model_id
-    todo = sorted({t for t in texts if (setup, t) not in _CACHE})
-    if todo:
-        emb = embedder.encode(todo)
-        if len(_CACHE) + len(todo) > _CACHE_MAX:
+    pending = sorted({t for t in texts if (setup, t) not in _CACHE})
+    if pending:
+        emb = embedder.encode(pending)
+        if len(_CACHE) + len(pending) > _CACHE_MAX:
             _CACHE.clear()
-        _CACHE.update(zip(((setup, t) for t in todo), emb, strict=True))
+        _CACHE.update(zip(((setup, t) for t in pending), emb, strict=True))
     if not texts:
         return np.zeros((0, embedder.dimension), dtype=np.float32)
     return np.stack([_CACHE[(setup, t)] for t in texts])

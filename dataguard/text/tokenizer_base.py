@@ -32,8 +32,8 @@ class Tokenizer(ABC):
         missing = [i for i, ids in enumerate(out) if ids is None]
         if missing:
             # Duplicate texts inside one batch are encoded once.
-            todo = list(dict.fromkeys(texts[i] for i in missing))
-            fresh = dict(zip(todo, self._encode_uncached(todo), strict=True))
+            pending = list(dict.fromkeys(texts[i] for i in missing))
+            fresh = dict(zip(pending, self._encode_uncached(pending), strict=True))
             if cache.enabled:
                 for text, ids in fresh.items():
                     # A copy: a cached view would keep its whole batch's flat array alive.
@@ -58,14 +58,14 @@ class Tokenizer(ABC):
             else:
                 out[i] = c
         if missing:
-            todo = list(dict.fromkeys(texts[i] for i in missing))
+            pending = list(dict.fromkeys(texts[i] for i in missing))
             if keep_ids:
-                lists = self._encode_lists(todo)
-                counts = dict(zip(todo, map(len, lists), strict=True))
-                for text, ids in zip(todo, _split_flat(lists), strict=True):
+                lists = self._encode_lists(pending)
+                counts = dict(zip(pending, map(len, lists), strict=True))
+                for text, ids in zip(pending, _split_flat(lists), strict=True):
                     cache.put(text, ids.copy())
             else:
-                counts = dict(zip(todo, self._count_uncached(todo), strict=True))
+                counts = dict(zip(pending, self._count_uncached(pending), strict=True))
             for text, c in counts.items():
                 cache.put_count(text, c)
             for i in missing:

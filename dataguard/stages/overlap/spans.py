@@ -57,11 +57,11 @@ def mask_rows(table: pa.Table, spans: dict[int, Spans], contaminated: np.ndarray
     n_rows = table.num_rows
     masked = np.zeros(n_rows, dtype=bool)
     emptied = np.zeros(n_rows, dtype=bool)
-    todo = [r for r in np.flatnonzero(contaminated).tolist() if spans.get(r)]
-    if not todo:
+    pending = [r for r in np.flatnonzero(contaminated).tolist() if spans.get(r)]
+    if not pending:
         return table, masked, emptied
     messages = table.column("messages").to_pylist()
-    for r in todo:
+    for r in pending:
         msgs = messages[r]
         for local, sp in spans[r].items():
             msgs[local]["content"] = cut(msgs[local]["content"] or "", sp)
