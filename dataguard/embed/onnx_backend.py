@@ -33,7 +33,6 @@ from dataguard.embed.settings import pooling_mode
 FORMAT = 2  # bump when the export changes: a new cache key (2: the slow fusions out, no mask)
 OPSET = 17
 SLOW_FUSIONS = ["SkipLayerNormFusion", "BiasGeluFusion"]  # session fusions slower on the CPU, see above
-MASK_INPUT = {"Attention": 3, "QAttention": 5}  # where each fused attention op takes its mask
 _SESSIONS: dict[tuple[str, int], Any] = {}
 
 
@@ -85,7 +84,6 @@ def _export(model_path: Path, dest: Path, quantize: bool) -> None:
                              extra_options={"DefaultTensorType": 1})  # 1 = FLOAT: the fused ops' outputs
     else:
         os.replace(fused, out)
-    _unmask_attention(out)
     for p in (raw, dest / "fused.onnx"):
         p.unlink(missing_ok=True)
 
@@ -102,28 +100,13 @@ def _fuse(src: Path, dst: Path, config: Any) -> Path:
 
         options = FusionOptions("bert")
         options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = options.enable_bias_gelu = False
+        options.disable_attention_mask()  # the runner never pads: a mask would be all ones
         with quiet():
             optimize_model(str(src), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0,
                            optimization_options=options).save_model_to_file(str(dst))
         return dst
     except Exception:  # noqa: BLE001 - fusion is an optimisation; the plain graph is correct
         return src
-
-
-def _unmask_attention(path: Path) -> None:
-    """Drop the mask input of fused attention ops: the runner never pads, so every mask is all
-    ones and only costs the kernel time. Unfused graphs (no such ops) are left as they are."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)  # weights a large export keeps beside it stay there
-    changed = False
-    for node in model.graph.node:
-        slot = MASK_INPUT.get(node.op_type) if node.domain == "com.microsoft" else None
-        if slot is not None and len(node.input) > slot and node.input[slot]:
-            node.input[slot] = ""
-            changed = True
-    if changed:
-        onnx.save(model, str(path))
 
 
 def artifact(model_path: Path, quantize: bool) -> Path:
