@@ -17,12 +17,15 @@ default stays ``rounds: 1``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dataguard.noise import views as views_mod
 from dataguard.noise.confident import NoiseEstimate, within_budget
+
+if TYPE_CHECKING:  # the stage whose estimate this is; imported for its type only (no cycle at run time)
+    from dataguard.stages.noise import NoiseStage
 
 
 def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
@@ -54,7 +57,7 @@ def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
     return probs, est, log
 
 
-def estimate_issues(stage: Any, summaries: Sequence[Any], y: np.ndarray, k: int,
+def estimate_issues(stage: NoiseStage, summaries: Sequence[Any], y: np.ndarray, k: int,
                     probs: np.ndarray | None) -> tuple[np.ndarray, NoiseEstimate]:
     """The noise stage's estimate: out-of-sample probabilities from its own feature views
     when none were given, confident learning on them, the extra rounds and the flag

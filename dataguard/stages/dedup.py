@@ -135,11 +135,9 @@ class DedupStage(Stage):
         seen_again[inverse[repeated]] = True  # or later in the same batch
         self._distinct = int(len(keys))
         self._keys = keys[seen_again]
-        wanted = first[seen_again]  # indices into the concatenated summaries
-        starts = np.cumsum([0] + [len(s.hashes) for s in summaries])
-        which = np.searchsorted(starts, wanted, side="right") - 1
-        self._first = np.array([summaries[w].first_ids[g - starts[w]] for w, g in
-                                zip(which.tolist(), wanted.tolist(), strict=True)], dtype=object)
+        ids = (np.concatenate([np.asarray(s.first_ids, dtype=object) for s in summaries]) if summaries
+               else np.zeros(0, dtype=object))  # transient: only the repeated contents' ids are kept
+        self._first = ids[first[seen_again]]
         self._fitted = True
 
     def apply(self, batch: pa.Table) -> Outcome:
