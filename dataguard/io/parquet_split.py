@@ -129,6 +129,8 @@ class _GroupCursor:
 
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
+        self.file_key: tuple[Any, ...] | None = None
+        self.file: Any = None  # the open file: its footer is parsed once, not once per row group
         self.batches: Iterator[Any] = iter(())
         self.at = 0  # the group's row where ``pending`` starts
         self.pending: Any = None
@@ -143,7 +145,10 @@ class _GroupCursor:
         lo, hi = lo - group_start, hi - group_start
         if key != self.key or lo < self.at:
             self.key, self.at, self.pending = None, 0, None
-            self.batches = pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, row_groups=[group])
+            if (path, stamp) != self.file_key:
+                self.file, self.file_key = None, None
+                self.file, self.file_key = pq.ParquetFile(path), (path, stamp)
+            self.batches = self.file.iter_batches(batch_size=chunk_rows, row_groups=[group])
             self.key = key
         parts = []
         while True:
