@@ -81,12 +81,19 @@ class ArrayIndexTask:
         return {"rows_in": 0, "key": (self.input, 0), "array": index}
 
 
-def splittable(spec: InputSpec, reader: str = "jsonl") -> bool:
-    """A plain (uncompressed) file that ``reader`` reads: what workers read in parts."""
-    if spec.dataset is not None or spec.path is None:
-        return False
-    path = Path(spec.path)
-    return path.is_file() and not path.name.lower().endswith(".gz") and spec.resolved_reader() == reader
+def split_kind(spec: InputSpec) -> str | None:
+    """How workers read this input in parts: ``jsonl`` or ``json`` (a plain, uncompressed
+    file), ``parquet`` (a file) or ``hf`` (a saved dataset); None: the driver reads it (an
+    in-memory dataset, a ``.gz`` stream, CSV, or a path that is not there, which the reader
+    then reports). The format is resolved once here, since for ``.json`` that reads the file."""
+    if spec.dataset is not None or spec.path is None or not Path(spec.path).exists():
+        return None
+    path, reader = Path(spec.path), spec.resolved_reader()
+    if reader in ("jsonl", "json"):
+        return reader if path.is_file() and not path.name.lower().endswith(".gz") else None
+    if reader == "parquet":
+        return reader if path.is_file() else None
+    return reader if reader == "hf" else None
 
 
 @dataclass(frozen=True)
@@ -112,19 +119,21 @@ class InputPlan:
                  run_tasks: Callable[[list[PlanTask]], list[dict[str, Any]]]) -> None:
         self.specs = list(specs)
         self.batch_rows = batch_rows
+        kinds = [split_kind(spec) for spec in self.specs]
         tasks: list[PlanTask] = [DescribeTask(i, spec) for i, spec in enumerate(self.specs) if spec.dataset is None]
         # the longest task first: a large array's sequential scan overlaps everything else
         tasks[:0] = [ArrayIndexTask(i, str(spec.path), spec.json_key, batch_rows)
-                     for i, spec in enumerate(self.specs) if splittable(spec, "json")]
+                     for i, spec in enumerate(self.specs) if kinds[i] == "json"]
         tasks += [IndexTask(i, r, str(spec.path), start, end, batch_rows)
-                  for i, spec in enumerate(self.specs) if splittable(spec)
+                  for i, spec in enumerate(self.specs) if kinds[i] == "jsonl"
                   for r, (start, end) in enumerate(_ranges(spec, split_bytes))]
         self.indexes: dict[int, list[LineIndex]] = {}
         self.arrays: dict[int, ArrayIndex] = {}
         # else (None) the whole-file reader reports what is wrong, as a row or one error line
         self.layouts: dict[int, ParquetLayout | HfLayout] = {}
         for i, spec in enumerate(self.specs):
-            layout = _arrow_layout(spec, batch_rows)
+            layout = (parquet_layout(Path(spec.path), batch_rows) if kinds[i] == "parquet" else
+                      hf_layout(spec, batch_rows) if kinds[i] == "hf" else None)
             if layout is not None:
                 self.layouts[i] = layout
         infos: dict[int, dict[str, Any]] = {}
@@ -159,18 +168,6 @@ class InputPlan:
             else:
                 for raw in read_batches(spec, batch_rows=self.batch_rows, defer_parse=True):
                     yield spec, raw
-
-
-def _arrow_layout(spec: InputSpec, batch_rows: int) -> ParquetLayout | HfLayout | None:
-    """How a Parquet file or a saved dataset is split, from its footer or length alone."""
-    if spec.dataset is not None or spec.path is None or not Path(spec.path).exists():
-        return None
-    reader = spec.resolved_reader()
-    if reader == "parquet" and Path(spec.path).is_file():
-        return parquet_layout(Path(spec.path), batch_rows)
-    if reader == "hf":
-        return hf_layout(spec, batch_rows)
-    return None
 
 
 def _ranges(spec: InputSpec, split_bytes: int) -> list[tuple[int, int]]:
