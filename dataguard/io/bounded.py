@@ -184,21 +184,13 @@ def bounded_lines(f: BinaryIO, max_bytes: int, strip_bom: bool = True) -> Iterat
     first = strip_bom
     while True:
         try:
-            chunk = read_some(f, READ_CHUNK_BYTES)
-            while first and chunk and len(chunk) < 3 and BOM.startswith(chunk):
-                more = read_some(f, READ_CHUNK_BYTES)
-                if not more:
-                    break
-                chunk += more
+            chunk = read_first(f, READ_CHUNK_BYTES)[0] if first else read_some(f, READ_CHUNK_BYTES)
         except READ_ERRORS as exc:
             yield line_no + 1, Broken(describe_error(exc), partial.start())
             return
         if not chunk:
             break
-        if first:
-            first = False
-            if chunk.startswith(BOM):
-                chunk = chunk[3:]
+        first = False
         if skip_lf and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # the "\n" of a "\r\n" split between two reads
         if not chunk:

@@ -34,11 +34,8 @@ from typing import Any, Protocol, cast
 import pyarrow as pa
 
 from dataguard.executors.process import one_math_thread
-from dataguard.io.array_split import ArraySplit
-from dataguard.io.hf_split import HfSplit
-from dataguard.io.json_readers import LineSplit
-from dataguard.io.parquet_split import ParquetSplit
 from dataguard.io.raw import RawBatch, SourceOptions
+from dataguard.run.splits import InputSplit
 from dataguard.run.workdir import UnitFiles
 from dataguard.stage import Outcome, Stage
 
@@ -146,7 +143,7 @@ class UnitTask:
     raw: RawBatch | None = None
     options: SourceOptions | None = None
     previous: UnitFiles | None = None
-    split: LineSplit | ArraySplit | ParquetSplit | HfSplit | None = None
+    split: InputSplit | None = None
     marks: dict[int, int] | None = None  # the previous segment's marks (shared boundary)
 
 

@@ -137,7 +137,7 @@ def _finish(output: Path, folder: OutputFolder, data_files: list, rejected_files
 def output_schema(schemas: list[bytes]) -> pa.Schema:
     """One schema for all kept shards: canonical columns first, then score columns."""
     fields: dict[str, pa.Field] = {f.name: f for f in CANONICAL_SCHEMA}
-    for raw in schemas:
+    for raw in dict.fromkeys(schemas):  # units mostly share one schema: parse each distinct one once
         schema = pa.ipc.read_schema(pa.py_buffer(raw))
         for f in schema:
             if f.name not in fields or pa.types.is_null(fields[f.name].type):
