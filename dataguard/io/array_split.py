@@ -65,6 +65,7 @@ def index_array(path: Path, json_key: str | None, max_bytes: int, every: int) ->
     cutter = framer.cutter
     if cutter is None:  # not an array at all: one row, read whole
         return ArrayIndex(splittable=False)
+    rows += cutter.counted  # the items the index's cutter counted without building them
     starts = [cutter.start, *cutter.marks]
     if max(1, -(-rows // every)) != len(starts):  # the damaged end is a unit's first row
         return ArrayIndex(splittable=False)

@@ -35,8 +35,12 @@ class ItemCutter:
         self.hasher: Any = None  # set once the open item is over max_bytes
         self.head = b""  # its first bytes, for the row that reports it
         self.hashed_to = 0
-        self.mark_every = mark_every  # > 0: note where every mark_every-th item after a comma starts
+        # > 0: the input index's cutter. It notes where every mark_every-th item after a comma
+        # starts, and only counts the items a comma ends (``counted``) instead of emitting them:
+        # one row each, whatever they hold, so their bytes are never built.
+        self.mark_every = mark_every
         self.marks: list[int] = []
+        self.counted = 0
 
     def cut(self, pos: np.ndarray, kinds: np.ndarray, window: ByteWindow, out: list[Item]) -> tuple[int, int] | None:
         """Emit the items these events complete; returns (offset, code) of the bracket that
@@ -50,6 +54,9 @@ class ItemCutter:
         deep = np.flatnonzero((step == 1) & (after - level > self.max_depth))
         deep_before = np.searchsorted(deep, bounds).tolist()
         seen_deep = 0
+        if self.mark_every and self.hasher is None:
+            taken, seen_deep = self._count_commas(pos, kinds, bounds, deep_before)
+            bounds, deep_before = bounds[taken:], deep_before[taken:]
         for b, n_deep in zip(bounds.tolist(), deep_before, strict=True):
             if n_deep > seen_deep:
                 self.too_deep, seen_deep = True, n_deep
@@ -70,6 +77,22 @@ class ItemCutter:
         if len(after):
             self.depth = int(after[-1])
         return None
+
+    def _count_commas(self, pos: np.ndarray, kinds: np.ndarray, bounds: np.ndarray,
+                      deep_before: list[int]) -> tuple[int, int]:
+        """Count mode: the commas before the chunk's first closing bracket end one item each.
+        Returns how many bounds were taken and the deep brackets seen before the last of them."""
+        run = int(np.argmax(kinds[bounds] != COMMA)) if (kinds[bounds] != COMMA).any() else len(bounds)
+        if not run:
+            return 0, 0
+        at = pos[bounds[:run]]
+        numbers = self.items + np.arange(1, run + 1)
+        self.marks.extend((at[numbers % self.mark_every == 0] + 1).tolist())
+        self.items += run
+        self.counted += run
+        self.separators += run
+        self.item_start, self.too_deep = int(at[-1]) + 1, False
+        return run, deep_before[run - 1]
 
     def _end_item(self, p: int, window: ByteWindow, out: list[Item], closing: bool) -> None:
         before = len(out)
