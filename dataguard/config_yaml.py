@@ -200,12 +200,19 @@ def _yaml_error(exc: yaml.YAMLError, filename: str, text: str) -> ConfigError:
     if line is None and isinstance(getattr(exc, "position", None), int):  # a ReaderError
         line = text.count("\n", 0, exc.position) + 1
     problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+    if "nesting depth" in str(problem):  # PyYAML >= 6.0.4 refuses deep flow nesting in its scanner
+        return ConfigError(f"{filename}{f':{line}' if line else ''}: {_too_deep()}")
     context = getattr(exc, "context", None)
     context_mark = getattr(exc, "context_mark", None)
     if context:
         where = f" at line {context_mark.line + 1}" if context_mark is not None else ""
         problem = f"{problem} ({context}{where})"
     return ConfigError(f"{filename}{f':{line}' if line else ''}: invalid YAML: {_one_line(problem)}")
+
+
+def _too_deep() -> str:
+    """One wording for a too-deep document, whichever layer (ours or PyYAML's) refused it."""
+    return f"nested deeper than {MAX_DEPTH} levels; a pipeline config needs only a few"
 
 
 def _one_line(text: str) -> str:
@@ -224,8 +231,7 @@ def _check_bounds(text: str, filename: str) -> None:
         line = event.start_mark.line + 1
         if isinstance(event, yaml.CollectionStartEvent):
             if len(stack) >= MAX_DEPTH:
-                raise ConfigError(f"{filename}:{line}: nested deeper than {MAX_DEPTH} levels; "
-                                  "a pipeline config needs only a few")
+                raise ConfigError(f"{filename}:{line}: {_too_deep()}")
             stack.append([event.anchor, 1])
             if event.anchor:
                 open_anchors.add(event.anchor)

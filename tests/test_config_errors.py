@@ -338,3 +338,16 @@ def test_duplicate_keys_are_an_error_not_silently_dropped(tmp_path: Path) -> Non
     assert _error(path) == f"{path}:4: stages: duplicate key (first on line 2); YAML would silently keep only the last"
     inline = _config(tmp_path, f"inputs: [{DATA}]\nstages:\n  - dedup: {{action: flag, action: drop}}\n", "in.yaml")
     assert "action: duplicate key" in _located(_error(inline), inline, 3)
+
+
+def test_pyyaml_own_depth_refusal_reads_as_ours(tmp_path: Path) -> None:
+    """PyYAML >= 6.0.4 refuses deep flow nesting in its scanner before our event walk sees it;
+    the user reads the same one line, whichever layer refused."""
+    import yaml
+
+    from dataguard.config_yaml import _yaml_error
+
+    mark = yaml.Mark("p.yaml", 0, 0, 1000, None, None)
+    exc = yaml.scanner.ScannerError("while increasing flow level", mark, "exceeded maximum nesting depth", mark)
+    message = str(_yaml_error(exc, "p.yaml", "[" * 2000))
+    assert message == f"p.yaml:1: nested deeper than {MAX_DEPTH} levels; a pipeline config needs only a few"
