@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dataguard.io.arrow_reader import _arrow_rows, parquet_plan
-from dataguard.io.bounded import InputError
+from dataguard.io.bounded import InputError, describe_error
 from dataguard.io.jsonscan import MAX_DEPTH
 from dataguard.io.raw import RawBatch
 
@@ -110,15 +110,33 @@ class ParquetSplit:
         for index, group_start, group_end in self.groups:
             while position < min(end, group_end):
                 hi = min(end, group_end, position + self.chunk_rows)
-                try:
-                    table = _GROUP.rows(self.path, self.stamp, index, group_start, position, hi, self.chunk_rows)
-                except Exception as exc:  # noqa: BLE001 - a damaged row group: keep what was read, report the rest
+                table = self._group_rows(index, group_start, position, hi)
+                if isinstance(table, str):  # a damaged row group: keep what was read, report the rest
                     yield (position, None, "unreadable_file",
-                           f"Parquet rows {position}-{end - 1} unreadable ({type(exc).__name__}: {exc}); "
-                           "the rest of this unit is lost", "")
+                           f"Parquet rows {position}-{end - 1} unreadable: row group {index} (rows "
+                           f"{group_start}-{group_end - 1}) is damaged ({table}); the rest of this unit is lost", "")
                     return
                 yield from _arrow_rows(table, position, self.max_bytes)
                 position = hi
+
+    def _group_rows(self, group: int, group_start: int, lo: int, hi: int) -> Any:
+        """Rows ``lo`` .. ``hi`` as an Arrow table, or what is wrong with the row group.
+
+        A failed read leaves the worker's cursor broken (a later unit would get
+        ``StopIteration``), and what the error says may depend on where that cursor stood:
+        so the cursor is dropped and the group read again from its start with a freshly
+        opened file. What that read says depends on the file's bytes alone, so the reject
+        reads the same for any worker count and any order the units arrive in."""
+        args = (self.path, self.stamp, group, group_start, lo, hi, self.chunk_rows)
+        try:
+            return _GROUP.rows(*args)
+        except Exception:  # noqa: BLE001 - any pyarrow failure: retried from a clean start below
+            _GROUP.reset()
+        try:
+            return _GROUP.rows(*args)
+        except Exception as exc:  # noqa: BLE001 - the group is damaged: one line for the reject
+            _GROUP.reset()
+            return describe_error(exc)
 
 
 class _GroupCursor:
@@ -128,6 +146,10 @@ class _GroupCursor:
     units by decoding past them); an earlier row restarts the group."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the place and the open file (after a failed read neither can be trusted)."""
         self.key: tuple[Any, ...] | None = None
         self.file_key: tuple[Any, ...] | None = None
         self.file: Any = None  # the open file: its footer is parsed once, not once per row group

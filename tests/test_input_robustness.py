@@ -1,0 +1,68 @@
+"""Damaged, changed and mis-encoded inputs (issue #22, "Inputs"): every row ends kept or
+rejected with a reason, the output bytes do not depend on the worker count, and a file
+the run cannot trust is refused in one ``dataguard:`` line. Each test runs the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from dataguard import cli
+
+
+def _config(tmp_path: Path, data: Path, batch_rows: int = 5000, stages: str = "[]") -> Path:
+    config = tmp_path / f"{data.stem}-{batch_rows}.yaml"
+    config.write_text(f"inputs:\n  - {{path: {data}, name: d}}\nbatch_rows: {batch_rows}\nstages: {stages}\n"
+                      "report: false\n")
+    return config
+
+
+def _run(tmp_path: Path, data: Path, out: str, workers: int = 1, batch_rows: int = 5000) -> int:
+    return cli.main(["run", str(_config(tmp_path, data, batch_rows)), "--output", str(tmp_path / out),
+                     "--workers", str(workers), "--no-report", "--quiet"])
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    """The manifest and every data and rejected shard, as bytes."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and "_work" not in p.parts and (p.suffix == ".arrow" or p.name == "manifest.json")}
+
+
+def _rejected(out: Path) -> list[dict]:
+    tables = [ipc.open_stream(p.read_bytes()).read_all() for p in sorted((out / "rejected").glob("*.arrow"))]
+    return [row for table in tables for row in table.to_pylist()]
+
+
+def _kept(out: Path) -> int:
+    return sum(ipc.open_stream(p.read_bytes()).read_all().num_rows for p in sorted((out / "data").glob("*.arrow")))
+
+
+# ------------------------------------------------------------------ 1. damaged Parquet row group
+def _damaged_parquet(path: Path) -> Path:
+    """400 rows in four row groups; the "output" pages of group 2 overwritten with 0xff."""
+    table = pa.table({"instruction": [f"Explain item {i} in plain words." for i in range(400)],
+                      "output": [f"Item {i} is " + "detail " * (i % 7) for i in range(400)]})
+    pq.write_table(table, path, row_group_size=100)
+    column = pq.ParquetFile(path).metadata.row_group(2).column(1)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start:start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_damaged_row_group_gives_the_same_bytes_for_any_worker_count(tmp_path: Path) -> None:
+    data = _damaged_parquet(tmp_path / "in.parquet")
+    runs = []
+    for k, workers in enumerate((1, 2, 2)):
+        assert _run(tmp_path, data, f"o{k}", workers=workers, batch_rows=30) == 0
+        runs.append(_outputs(tmp_path / f"o{k}"))
+    assert runs[0] == runs[1] == runs[2]
+    rejected = _rejected(tmp_path / "o0")
+    assert [r["reason"] for r in rejected] == ["unreadable_file"] * 4  # the units touching rows 200-299
+    assert all("row group 2 (rows 200-299) is damaged" in r["detail"] and "StopIteration" not in r["detail"]
+               for r in rejected)
+    assert _kept(tmp_path / "o0") == 300
