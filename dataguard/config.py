@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -133,8 +134,13 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
     ints = {}
     for key, default in (("workers", None), ("batch_rows", 5000), ("shard_rows", 100_000), ("shard_bytes", None)):
         value = data.get(key, default)
+        ceiling = MAX_SIZES[key]
+        if isinstance(value, int) and not isinstance(value, bool) and value > ceiling:
+            raise loc.error((key,), f"must be a positive integer <= {ceiling}, got {value}")
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise loc.error((key,), f"must be a positive integer, got {value!r}")
+            hint = _as_text_hint(value, ceiling)
+            what = f"a positive integer <= {ceiling}" if "out of range" in hint else "a positive integer"
+            raise loc.error((key,), f"must be {what}, got {value!r}{hint}")
         ints[key] = value
     executor = _executor(data.get("executor", "local"), loc)
     ray_address = data.get("ray_address")
@@ -149,6 +155,21 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
         shard_bytes=ints["shard_bytes"], raw=raw,
         kept_inputs=[items[i]["name"] for i in keep] if replacing else [],
     )
+
+
+# Ceilings of the run's sizes: far beyond any real run, and low enough that a C long (Arrow,
+# numpy) holds them (a batch_rows of 10**20 was an OverflowError deep in a worker).
+MAX_SIZES = {"workers": 4096, "batch_rows": 10**9, "shard_rows": 10**12, "shard_bytes": 2**50}
+
+
+def _as_text_hint(value: Any, ceiling: int) -> str:
+    """A note for a number that YAML 1.1 leaves as text (``1e20``: no dot, so not a float)."""
+    if not isinstance(value, str) or not re.fullmatch(r"\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
+        return ""
+    number = float(value)
+    if number > ceiling:
+        return " (a number out of range)"
+    return f" (YAML reads it as text: write {int(number)})" if number.is_integer() else ""
 
 
 def _executor(value: Any, loc: _Located) -> str:

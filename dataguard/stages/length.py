@@ -81,6 +81,9 @@ class LengthStage(Stage):
             check_tokenizer_spec(tokenizer)  # a missing tokenizer is a config error, not a worker's crash
         except ValueError as exc:
             raise StageConfigError(str(exc), param="tokenizer") from None
+        if max_tokens is not None and min_tokens > max_tokens:  # every row would be dropped as too short or long
+            raise StageConfigError(f"min_tokens: must not exceed max_tokens ({max_tokens}), got {min_tokens}",
+                                   param="min_tokens")
         self.tokenizer_spec = tokenizer
         self.percentile = float(percentile) if percentile is not None else None
         self.factor = float(factor)

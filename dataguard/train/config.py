@@ -77,19 +77,19 @@ CHECKS: dict[str, Check] = {
     "model": C.model_name,
     "data": C.text,
     "output": C.text,
-    "seed": C.integer(0),
-    "threads": C.integer(1, optional=True),
+    "seed": C.integer(0, maximum=C.MAX_SEED),
+    "threads": C.integer(1, optional=True, maximum=C.MAX_THREADS),
     "device": C.choice("auto", "cpu", "cuda"),
     "precision": C.choice("fp32", "bf16", "fp16", "fp8"),
     "batch_size": C.integer(1),
     "grad_accum": C.integer(1),
     "max_steps": C.integer(1, optional=True),
     "epochs": C.integer(1),
-    "lr": C.number(0.0, lo_open=True),
+    "lr": C.number(0.0, C.MAX_LR, lo_open=True),
     "weight_decay": C.number(0.0),
     "warmup_ratio": C.number(0.0, 1.0, hi_open=True),
     "warmup_steps": C.integer(0, optional=True),
-    "min_lr": C.number(0.0),
+    "min_lr": C.number(0.0, C.MAX_LR),
     "lr_multipliers": C.lr_multipliers,
     "lr_patterns": C.lr_patterns,
     "max_grad_norm": C.number(0.0, lo_open=True),
@@ -186,6 +186,9 @@ def load_train_config(source: str | Path | dict[str, Any], *,
             and checked["warmup_steps"] > checked["max_steps"]:
         raise loc.error(prefix + ("warmup_steps",), f"must not exceed max_steps ({checked['max_steps']}), "
                                                    f"got {checked['warmup_steps']}")
+    if checked.get("min_lr", 0.0) > checked.get("lr", TrainConfig.lr):
+        raise loc.error(prefix + ("min_lr",), f"must not exceed lr ({checked.get('lr', TrainConfig.lr):g}), "
+                                              f"got {checked['min_lr']:g}")
     if checked.get("packing") and checked["task"] != "sft":
         raise loc.error(prefix + ("packing",), "packing applies to task sft only")
     return TrainConfig(**checked)

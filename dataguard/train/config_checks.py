@@ -8,6 +8,7 @@ fill in (LoRA, guard) live here too.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -49,28 +50,88 @@ def is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def integer(minimum: int, optional: bool = False) -> Check:
+# Ceilings: far beyond any real run, low enough that nothing downstream overflows (torch's
+# seed is a 64-bit integer, libgomp allocates per thread, C longs hold step counts, and an
+# Adam step with lr 1e300 is inf).
+MAX_COUNT = 10**9
+MAX_SEED = 2**63 - 1
+MAX_THREADS = 4096
+MAX_LR = 10.0
+
+# A plain decimal number as text: YAML 1.1 (PyYAML) reads ``1e300`` and ``1.0e308`` (no dot,
+# or an exponent without a sign) as strings, while YAML 1.2 and JSON read them as numbers.
+_NUMERIC_TEXT = re.compile(r"[-+]?(\d[\d_]*)?(\.\d*)?([eE][-+]?\d+)?")
+_EXPONENT_TEXT = re.compile(r"([-+]?\d+)(?:\.(\d*))?[eE]([-+]?)(\d+)")
+
+
+def numeric_text(v: Any) -> float | None:
+    """The number a string such as ``'1e300'`` spells (inf when too large for a float), or
+    None when ``v`` is not such a string."""
+    if not isinstance(v, str) or not _NUMERIC_TEXT.fullmatch(v.strip()) or not any(ch.isdigit() for ch in v):
+        return None
+    return float(v.strip().replace("_", ""))
+
+
+def _yaml_number_hint(text: str) -> str:
+    """How to write ``text`` so that YAML 1.1 reads a number: ``2e-5`` -> ``2.0e-5``."""
+    m = _EXPONENT_TEXT.fullmatch(text.strip())
+    if not m:
+        return "it without quotes"
+    whole, frac, sign, exp = m.groups()
+    return f"{whole}.{frac or 0}e{sign or '+'}{exp}"
+
+
+def _text_number_error(v: str, x: float, in_range: bool, what: str, p: Path_, loc: _Located) -> Exception:
+    """The error for a number that YAML left as text: out of range says so (not "not a
+    number"); in range says how to write it so that YAML reads a number."""
+    if not in_range:
+        return loc.error(p, f"must be {what}, got {v} (a number out of range)")
+    return loc.error(p, f"must be {what}, got {v!r} (YAML reads it as text: write {_yaml_number_hint(v)})")
+
+
+def integer(minimum: int, optional: bool = False, maximum: int = MAX_COUNT) -> Check:
+    """An integer in [minimum, maximum] (or null when ``optional``)."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    bounded = f"a positive integer <= {maximum}" if minimum == 1 else f"an integer in [{minimum}, {maximum}]"
+    null = " or null" if optional else ""
+
     def check(v: Any, p: Path_, loc: _Located) -> Any:
         if v is None and optional:
             return None
-        if not is_int(v) or v < minimum:
-            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            raise loc.error(p, f"must be {what}{' or null' if optional else ''}, got {v!r}")
-        return v
+        if is_int(v) and minimum <= v <= maximum:
+            return v
+        if is_int(v) and v > maximum:
+            raise loc.error(p, f"must be {bounded}{null}, got {v}")
+        x = numeric_text(v)
+        if x is not None and not minimum <= x <= maximum:
+            raise loc.error(p, f"must be {bounded}{null}, got {v} (a number out of range)")
+        if x is not None and x.is_integer():
+            raise loc.error(p, f"must be {what}{null}, got {v!r} (YAML reads it as text: write {int(x)})")
+        raise loc.error(p, f"must be {what}{null}, got {v!r}")
     return check
 
 
 def number(lo: float, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False) -> Check:
+    """A finite number within the bounds, kept as a float. Below the range the message is
+    the short one (``a positive number``); above it, or as text, it names both bounds."""
+    def inside(x: float) -> bool:
+        return (x > lo if lo_open else x >= lo) and (hi is None or (x < hi if hi_open else x <= hi))
+
+    hi_s = "" if hi is None else f"{'<' if hi_open else '<='} {hi:g}"
+    if lo == 0 and lo_open:
+        short = "a positive number"
+        full = f"{short} {hi_s}".rstrip()
+    else:
+        full = short = f"a number {'>' if lo_open else '>='} {lo:g}" + (f" and {hi_s}" if hi_s else "")
+
     def check(v: Any, p: Path_, loc: _Located) -> Any:
-        ok = is_num(v) and (v > lo if lo_open else v >= lo) and (
-            hi is None or (v < hi if hi_open else v <= hi))
-        if not ok:
-            if lo == 0 and lo_open and hi is None:
-                raise loc.error(p, f"must be a positive number, got {v!r}")
-            lo_s = f"{'>' if lo_open else '>='} {lo:g}"
-            hi_s = "" if hi is None else f" and {'<' if hi_open else '<='} {hi:g}"
-            raise loc.error(p, f"must be a number {lo_s}{hi_s}, got {v!r}")
-        return float(v)
+        if is_num(v) and inside(v):
+            return float(v)
+        x = numeric_text(v)
+        if x is not None:
+            raise _text_number_error(v, x, math.isfinite(x) and inside(x), full, p, loc)
+        above = isinstance(v, int | float) and not isinstance(v, bool) and hi is not None and v > hi
+        raise loc.error(p, f"must be {full if above else short}, got {v!r}")
     return check
 
 
