@@ -10,7 +10,9 @@ import torch.nn.functional as F
 
 from dataguard.train.losses import (
     causal_lm_loss,
+    causal_lm_weight_mass,
     clean_offsets,
+    cross_entropy_weight_mass,
     logit_adjusted_cross_entropy,
     posthoc_adjust,
 )
@@ -113,11 +115,12 @@ def test_causal_lm_loss_shift_and_ignore():
     labels = torch.tensor([[-100, -100, 3, 4, -100], [-100, 1, 2, 3, 6]])
     got = causal_lm_loss(logits, labels)
     # sample 0: positions 1, 2 predict 3, 4; sample 1: positions 0..3 predict 1, 2, 3, 6
-    s0 = F.cross_entropy(logits[0, [1, 2]], torch.tensor([3, 4]))
-    s1 = F.cross_entropy(logits[1, [0, 1, 2, 3]], torch.tensor([1, 2, 3, 6]))
-    assert torch.allclose(got, (s0 + s1) / 2)
-    w = torch.tensor([3.0, 1.0])
-    assert torch.allclose(causal_lm_loss(logits, labels, w), (3 * s0 + s1) / 4)
+    t0 = F.cross_entropy(logits[0, [1, 2]], torch.tensor([3, 4]), reduction="sum")
+    t1 = F.cross_entropy(logits[1, [0, 1, 2, 3]], torch.tensor([1, 2, 3, 6]), reduction="sum")
+    assert torch.allclose(got, (t0 + t1) / 6)  # one mean over the 6 supervised tokens
+    # every token carries its row's weight: 2 tokens x 3 + 4 tokens x 1
+    assert torch.allclose(causal_lm_loss(logits, labels, torch.tensor([3.0, 1.0])), (3 * t0 + t1) / (3 * 2 + 4))
+    assert causal_lm_weight_mass(labels, [3.0, 1.0]).item() == 10.0
     got.backward()
     assert torch.isfinite(logits.grad).all()
 
@@ -128,3 +131,68 @@ def test_causal_lm_loss_sample_without_tokens_counts_zero():
     want = F.cross_entropy(logits[1, [0, 1]], torch.tensor([1, 2]))
     assert torch.allclose(causal_lm_loss(logits, labels, [5.0, 1.0]), want)
     assert causal_lm_loss(logits, torch.full((2, 4), -100)).item() == 0.0
+
+
+def test_causal_lm_equal_weights_are_the_plain_token_mean():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 6, 9, generator=g)
+    labels = torch.randint(0, 9, (3, 6), generator=g)
+    labels[0, :4] = -100
+    labels[2, 1:3] = -100
+    plain = F.cross_entropy(logits[:, :-1].reshape(-1, 9), labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert causal_lm_loss(logits, labels).item() == pytest.approx(plain.item(), rel=1e-6)
+    assert causal_lm_loss(logits, labels, [2.5, 2.5, 2.5]).item() == pytest.approx(plain.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("task", ["classify", "sft"])
+def test_shares_of_a_step_add_up_to_the_whole_batch(task):
+    """Split a batch of rows weighted 1, 2, 10 into micro-batches and normalise each by the
+    step's mass: the shares' sum and its gradient are the whole batch's loss and gradient.
+    Normalising each micro-batch by its own mass (the old rule) is not."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.tensor([1.0, 2.0, 10.0])
+    if task == "sft":
+        logits = torch.randn(3, 7, 11, generator=g)
+        labels = torch.randint(0, 11, (3, 7), generator=g)
+        labels[0, :2] = -100
+        labels[1, 5:] = -100
+
+        def loss(rows, d=None):
+            return causal_lm_loss(leaf[rows], labels[rows], w[rows], denominator=d)
+
+        mass = causal_lm_weight_mass(labels, w)
+    else:
+        logits = torch.randn(3, 4, generator=g)
+        labels = torch.tensor([2, 0, 3])
+        cw = torch.tensor([0.5, 1.0, 2.0, 1.5])
+
+        def loss(rows, d=None):
+            return logit_adjusted_cross_entropy(leaf[rows], labels[rows], class_weights=cw, sample_weights=w[rows],
+                                                label_smoothing=0.1, denominator=d)
+
+        mass = cross_entropy_weight_mass(labels, w, cw)
+    leaf = logits.clone().requires_grad_(True)
+    whole = loss([0, 1, 2])
+    (want,) = torch.autograd.grad(whole, leaf)
+    shares = [loss([i], mass) for i in range(3)]
+    (got,) = torch.autograd.grad(sum(shares), leaf)
+    assert float(sum(shares).detach()) == pytest.approx(float(whole.detach()), rel=1e-6)
+    assert torch.allclose(got, want, atol=1e-7)
+    (own,) = torch.autograd.grad(sum(loss([i]) for i in range(3)) / 3, leaf)
+    assert not torch.allclose(own, want, atol=1e-3)
+
+
+def test_weight_mass_of_classify_rows():
+    y = torch.tensor([0, 2, 2])
+    assert cross_entropy_weight_mass(y).item() == 3.0
+    assert cross_entropy_weight_mass(y, [1.0, 2.0, 10.0]).item() == 13.0
+    assert cross_entropy_weight_mass(y, [1.0, 2.0, 10.0], [3.0, 1.0, 0.5]).item() == 3.0 + 1.0 + 5.0
+    assert cross_entropy_weight_mass(y).dtype == torch.float64
+
+
+def test_zero_step_mass_gives_zero_loss_and_finite_grad():
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    labels = torch.tensor([[-100, 1, 2, 3, 4], [-100, 1, 2, 3, 4]])
+    loss = causal_lm_loss(logits, labels, [0.0, 0.0], denominator=0.0)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(logits.grad).all() and not logits.grad.any()

@@ -15,10 +15,18 @@ replaced by the smallest finite offset (the class is treated like the rarest cla
 which keeps every value finite; -inf would zero the class's probability and produce NaN
 gradients under label smoothing.
 
-Weighting: a per-sample weight scales that sample's loss, and the batch loss is the weighted
-sum divided by the sum of the weights (times the class weight of the target when class
-weights are given, which is exactly what ``F.cross_entropy(weight=..., reduction="mean")``
-does). A batch whose weights sum to 0 gives a loss of 0 with zero (finite) gradients.
+Weighting (THE WEIGHT RULE in `dataguard.train.data`): a loss is ``sum(w * loss) / D``.
+``D`` is the *step-wide* denominator: the weight mass (`cross_entropy_weight_mass`,
+`causal_lm_weight_mass`) of every micro-batch of the optimizer step on every process, which
+the loop computes before the first backward (`dataguard.train.step.draw_step`) and passes as
+``denominator``. Each micro-batch's loss is then its share of the step's loss, and the shares
+add up to one weighted mean over the whole step, whatever the micro-batch size, gradient
+accumulation or number of processes. Without ``denominator`` the batch is its own step.
+For classify the mass of a row is its weight times the class weight of its target (what
+``F.cross_entropy(weight=..., reduction="mean")`` divides by); for SFT every supervised token
+carries its row's weight and the mass is the sum over supervised tokens (so a long answer
+says more than a short one, as in one token mean over the step). A step whose mass is 0
+gives a loss of 0 with zero (finite) gradients.
 """
 
 from __future__ import annotations
@@ -44,13 +52,6 @@ def clean_offsets(offsets: torch.Tensor | Sequence[float | None], *, device: tor
     return torch.where(finite, t, fill)
 
 
-def _weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    total = weights.sum()
-    if float(total) <= 0.0:
-        return (per_sample * 0.0).sum()
-    return (per_sample * weights).sum() / total
-
-
 def _as_weights(values: torch.Tensor | Sequence[float] | None, like: torch.Tensor) -> torch.Tensor | None:
     if values is None:
         return None
@@ -58,15 +59,46 @@ def _as_weights(values: torch.Tensor | Sequence[float] | None, like: torch.Tenso
     return w.to(device=like.device, dtype=like.dtype)
 
 
+def _normalised(weighted_sum: torch.Tensor, mass: torch.Tensor | float) -> torch.Tensor:
+    """``weighted_sum / mass`` in the loss's dtype; a mass of 0 (every weight 0) gives 0 with
+    zero gradients."""
+    total = float(mass)
+    if total <= 0.0:
+        return weighted_sum * 0.0
+    return weighted_sum / total
+
+
+def cross_entropy_weight_mass(targets: torch.Tensor, sample_weights: torch.Tensor | Sequence[float] | None = None,
+                              class_weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+    """A classify batch's share of the denominator: sum of row weight x class weight of the
+    target (float64, so that summing many micro-batches loses nothing)."""
+    like = torch.empty(0, dtype=torch.float64, device=targets.device)
+    sw = _as_weights(sample_weights, like)
+    sw = torch.ones(targets.shape[0], dtype=torch.float64, device=targets.device) if sw is None else sw
+    cw = _as_weights(class_weights, like)
+    return (sw * cw[targets] if cw is not None else sw).sum()
+
+
+def causal_lm_weight_mass(labels: torch.Tensor,
+                          sample_weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+    """An SFT batch's share of the denominator: sum over supervised tokens (labels[:, 1:]
+    not -100, the positions `causal_lm_loss` scores) of the row's weight (float64)."""
+    n_tok = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1).to(torch.float64)
+    sw = _as_weights(sample_weights, n_tok)
+    return n_tok.sum() if sw is None else (n_tok * sw).sum()
+
+
 def logit_adjusted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *,
                                  offsets: torch.Tensor | Sequence[float | None] | None = None,
                                  tau: float = 1.0, label_smoothing: float = 0.0,
                                  class_weights: torch.Tensor | Sequence[float] | None = None,
-                                 sample_weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+                                 sample_weights: torch.Tensor | Sequence[float] | None = None,
+                                 denominator: torch.Tensor | float | None = None) -> torch.Tensor:
     """Cross-entropy on ``logits + tau * offsets`` (offsets None: plain cross-entropy).
 
-    logits: (batch, classes); targets: (batch,) class ids. See the module docstring for
-    how class and sample weights are normalised."""
+    logits: (batch, classes); targets: (batch,) class ids. ``denominator``: the step's
+    weight mass (None: this batch's own, `cross_entropy_weight_mass`); see the module
+    docstring for how class and sample weights are normalised."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be (batch, classes), got shape {tuple(logits.shape)}")
     adjusted = logits.float()
@@ -76,16 +108,13 @@ def logit_adjusted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *,
             raise ValueError(f"{off.numel()} logit offsets for {logits.shape[1]} classes")
         adjusted = adjusted + tau * off
     cw = _as_weights(class_weights, adjusted)
+    # per already carries cw[target]: dividing by sum(sw * cw[target]) matches torch's mean
     per = F.cross_entropy(adjusted, targets, weight=cw, label_smoothing=label_smoothing, reduction="none")
     sw = _as_weights(sample_weights, adjusted)
-    if sw is None:
-        sw = torch.ones_like(per)
-    denom_w = sw * cw[targets] if cw is not None else sw
-    # per already carries cw[target]; dividing by sum(sw * cw[target]) matches torch's mean
-    total = denom_w.sum()
-    if float(total) <= 0.0:
-        return (per * 0.0).sum()
-    return (per * sw).sum() / total
+    weighted = (per * sw).sum() if sw is not None else per.sum()
+    if denominator is None:
+        denominator = cross_entropy_weight_mass(targets, sample_weights, class_weights)
+    return _normalised(weighted, denominator)
 
 
 def posthoc_adjust(logits: torch.Tensor, offsets: torch.Tensor | Sequence[float | None]) -> torch.Tensor:
@@ -94,25 +123,24 @@ def posthoc_adjust(logits: torch.Tensor, offsets: torch.Tensor | Sequence[float 
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor,
-                   sample_weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+                   sample_weights: torch.Tensor | Sequence[float] | None = None,
+                   denominator: torch.Tensor | float | None = None) -> torch.Tensor:
     """Next-token loss: position t predicts labels[t + 1]; labels of -100 are ignored.
 
-    Each sample's loss is the mean over its own supervised tokens, then samples are averaged
-    with ``sample_weights`` (normalised by their sum). Chosen over one mean over all tokens
-    of the batch so that a row's weight means the same thing whatever its length: with a
-    token mean, long answers would outweigh short ones and a weight of 2 would not double a
-    row's say. Samples without supervised tokens count 0."""
+    Every supervised token carries its row's weight: ``sum(w * token loss) / denominator``,
+    the step's weight mass (None: this batch's own, `causal_lm_weight_mass`), so that
+    splitting a step into micro-batches or processes never changes the loss (the
+    ``num_items_in_batch`` fix of gradient accumulation). Rows without supervised tokens
+    add nothing."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be (batch, seq, vocab), got shape {tuple(logits.shape)}")
     shift_logits = logits[:, :-1, :].float()
     shift_labels = labels[:, 1:].to(logits.device)
     tok = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
                           ignore_index=IGNORE_INDEX, reduction="none").view(shift_labels.shape)
-    mask = (shift_labels != IGNORE_INDEX).to(tok.dtype)
-    n_tok = mask.sum(dim=1)
-    per_sample = (tok * mask).sum(dim=1) / n_tok.clamp(min=1.0)
-    sw = _as_weights(sample_weights, per_sample)
-    if sw is None:
-        sw = torch.ones_like(per_sample)
-    sw = torch.where(n_tok > 0, sw, torch.zeros_like(sw))
-    return _weighted_mean(per_sample, sw)
+    per_row = tok.sum(dim=1)  # ignored positions score exactly 0
+    sw = _as_weights(sample_weights, per_row)
+    weighted = (per_row * sw).sum() if sw is not None else per_row.sum()
+    if denominator is None:
+        denominator = causal_lm_weight_mass(labels, sample_weights)
+    return _normalised(weighted, denominator)
