@@ -4,11 +4,14 @@ the run cannot trust is refused in one ``dataguard:`` line. Each test runs the C
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
+import pytest
 
 from dataguard import cli
 
@@ -66,3 +69,49 @@ def test_a_damaged_row_group_gives_the_same_bytes_for_any_worker_count(tmp_path:
     assert all("row group 2 (rows 200-299) is damaged" in r["detail"] and "StopIteration" not in r["detail"]
                for r in rejected)
     assert _kept(tmp_path / "o0") == 300
+
+
+# ------------------------------------------------------------------ 2. an input rewritten mid-run
+def _rewrite_after_planning(monkeypatch: pytest.MonkeyPatch, path: Path, new: bytes, keep_mtime: bool) -> None:
+    """Rewrite ``path`` in place (same size) once the plan is made, before any unit reads it;
+    ``keep_mtime``: and put its old mtime back, as a coarse clock may leave it."""
+    from dataguard.run import splits
+
+    units = splits.InputPlan.units
+
+    def rewritten(self: splits.InputPlan):  # type: ignore[no-untyped-def]
+        before = path.stat()
+        assert len(new) == before.st_size
+        with open(path, "r+b") as f:  # in place: the same inode
+            f.write(new)
+        if keep_mtime:
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        return units(self)
+
+    monkeypatch.setattr(splits.InputPlan, "units", rewritten)
+
+
+def _alpaca(n: int, answer: str) -> list[dict]:
+    return [{"instruction": f"Say {i} twice.", "output": f"{i} {answer}"} for i in range(n)]
+
+
+@pytest.mark.parametrize("keep_mtime", [True, False], ids=["same-mtime", "new-mtime"])
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_an_input_rewritten_in_place_mid_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch, kind: str,
+                                                        keep_mtime: bool) -> None:
+    def dump(rows: list[dict]) -> bytes:
+        if kind == "json":
+            return json.dumps(rows).encode()
+        return b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+
+    path = tmp_path / f"in.{kind}"
+    path.write_bytes(dump(_alpaca(60, "good")))
+    new = dump(_alpaca(60, "evil"))
+    _rewrite_after_planning(monkeypatch, path, new, keep_mtime)
+    # the plan and the rewrite happen in the driver; with 2 workers the refusal comes from a worker
+    assert _run(tmp_path, path, "o", workers=1 if keep_mtime else 2, batch_rows=25) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dataguard: run failed: input 'd': ") and str(path) in err[0]
+    assert "changed while it was read" in err[0]
+    assert not (tmp_path / "o" / "manifest.json").exists()

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from dataguard.io import bounded
 from dataguard.io.bounded import READ_ERRORS, InputError, open_binary, read_first, read_some
+from dataguard.io.changes import CrcReader, Stamp, range_crcs
 from dataguard.io.json_readers import CountedSplit, item_row
 from dataguard.io.jsonscan import FrameError, JsonArrayFramer
-from dataguard.io.line_index import RangeReader
 from dataguard.io.raw import RawBatch
 
 
@@ -41,6 +40,7 @@ class ArrayIndex:
     level: int = 0
     rows: int = 0
     starts: list[int] = field(default_factory=list)
+    digests: list[int] = field(default_factory=list)  # crc32 of each unit's bytes (empty: unchecked)
 
 
 def index_array(path: Path, json_key: str | None, max_bytes: int, every: int) -> ArrayIndex:
@@ -69,7 +69,8 @@ def index_array(path: Path, json_key: str | None, max_bytes: int, every: int) ->
     starts = [cutter.start, *cutter.marks]
     if max(1, -(-rows // every)) != len(starts):  # the damaged end is a unit's first row
         return ArrayIndex(splittable=False)
-    return ArrayIndex(splittable=True, bom=bom, level=cutter.level, rows=rows, starts=starts)
+    digests = range_crcs(path, [start + bom for start in starts], None)
+    return ArrayIndex(splittable=True, bom=bom, level=cutter.level, rows=rows, starts=starts, digests=digests)
 
 
 @dataclass(frozen=True)
@@ -88,37 +89,43 @@ class ArraySplit(CountedSplit):
     position: int
     records: int
     max_bytes: int
+    digest: int | None = None
+    stamp: Stamp | None = None
 
-    def fill(self, batch: RawBatch, source: str, path: Path) -> None:
-        """The unit's rows, framed and parsed here (in the worker)."""
+    def fill(self, batch: RawBatch, source: str, path: Path) -> int:
+        """The unit's rows, framed and parsed here (in the worker); the crc32 of its range
+        (the last unit's: to the end of the file, as `index_array` took it)."""
         keys = self.json_key.split(".") if self.json_key else []
         framer = JsonArrayFramer.resume(keys, self.max_bytes, self.level, self.start, self.position)
         position = self.position
         with open_binary(path) as f:
             f.seek(self.start + self.bom)
-            stream: BinaryIO | RangeReader = f if self.end is None else RangeReader(f, self.end - self.start)
-            while not framer.done:
-                try:
+            stream = CrcReader(f, None if self.end is None else self.end - self.start)
+            try:
+                while not framer.done:
                     chunk = read_some(stream, bounded.READ_CHUNK_BYTES)  # type: ignore[arg-type]
                     items = framer.feed(chunk) if chunk else ([] if self.end is not None else framer.finish())
-                except (FrameError, *READ_ERRORS) as exc:
-                    raise InputError(f"input {source!r}: {path} could not be read again at byte "
-                                     f"{framer.end:,} ({exc.__class__.__name__})") from None
-                for item in items:
-                    batch.add_row(item_row(position, item, self.max_bytes))
-                    position += 1
-                if not chunk:
-                    break
+                    for item in items:
+                        batch.add_row(item_row(position, item, self.max_bytes))
+                        position += 1
+                    if not chunk:
+                        break
+                return stream.drain()
+            except (FrameError, *READ_ERRORS) as exc:
+                raise InputError(f"input {source!r}: {path} could not be read again at byte "
+                                 f"{framer.end:,} ({exc.__class__.__name__})") from None
 
     def where(self) -> str:
         return f"the items from byte {self.start:,}"
 
 
 def array_splits(path: str, json_key: str | None, index: ArrayIndex, batch_rows: int,
-                 max_bytes: int) -> list[ArraySplit]:
-    """The units of one indexed array: ``batch_rows`` rows each, the last one the rest."""
+                 max_bytes: int, stamp: Stamp | None = None) -> list[ArraySplit]:
+    """The units of one indexed array: ``batch_rows`` rows each, the last one the rest;
+    each checks its bytes against the index's crc, and the file against ``stamp``."""
     starts = index.starts
     return [ArraySplit(path, json_key, index.bom, index.level, start,
                        starts[k + 1] if k + 1 < len(starts) else None, k * batch_rows,
-                       min(batch_rows, index.rows - k * batch_rows), max_bytes)
+                       min(batch_rows, index.rows - k * batch_rows), max_bytes,
+                       index.digests[k] if index.digests else None, stamp)
             for k, start in enumerate(starts)]

@@ -27,6 +27,7 @@ from dataguard.io.bounded import (
     read_first,
     read_some,
 )
+from dataguard.io.changes import CrcReader, Stamp, file_stamp
 from dataguard.io.json_parse import SLOW, parse_json_bytes, parse_jsonl_line, plain_json
 from dataguard.io.jsonscan import FrameError, JsonArrayFramer, Problem
 from dataguard.io.line_index import RangeReader
@@ -93,27 +94,46 @@ def deferred_jsonl(path: Path, source: str, batch_rows: int, max_bytes: int) -> 
 class CountedSplit(ABC):
     """What every byte-range split of a file shares when a worker reads it: ``records`` rows
     of ``path`` as its index counted them. ``records == 0`` stands for an input without any
-    (one ``empty_file`` row), and any other count than the index's means the file changed
-    after it was indexed: refused, never a silently shorter or longer unit."""
+    (one ``empty_file`` row). A file changed since the run was planned (another stamp,
+    other bytes in the unit's range than the index's ``digest``, another count) is refused:
+    never a silently shorter or longer unit, nor rows the manifest's sha256 does not describe
+    (see `dataguard.io.changes`)."""
 
     path: str
     records: int
     max_bytes: int
+    digest: int | None  # crc32 of the unit's byte range when indexed (None: unchecked)
+    stamp: Stamp | None  # the file's stamp when the run was planned (None: unchecked)
 
     def read(self, source: str) -> RawBatch:
         batch = RawBatch(source=source, max_record_bytes=self.max_bytes)
+        self._check_stamp(source)
         if self.records == 0:
             batch.add_empty_file()
             return batch
-        self.fill(batch, source, Path(self.path))
+        crc = self.fill(batch, source, Path(self.path))
         if len(batch) != self.records:
             raise InputError(f"input {source!r}: {self.path} changed while it was read ({self.where()} held "
                              f"{self.records} records, now {len(batch)})")
+        if self.digest is not None and crc != self.digest:
+            raise InputError(f"input {source!r}: {self.path} changed while it was read ({self.where()} hold other "
+                             "bytes than when the run was planned); run again once the file stays put")
         return batch
 
+    def _check_stamp(self, source: str) -> None:
+        if self.stamp is None:
+            return
+        try:
+            now = file_stamp(Path(self.path))
+        except OSError as exc:
+            raise InputError(f"input {source!r}: {self.path} cannot be read again ({exc.strerror or exc})") from None
+        if now != self.stamp:
+            raise InputError(f"input {source!r}: {self.path} changed while it was read (its size, time or inode "
+                             "differ from when the run was planned); run again once the file stays put")
+
     @abstractmethod
-    def fill(self, batch: RawBatch, source: str, path: Path) -> None:
-        """Add the unit's rows (each split reads its own way)."""
+    def fill(self, batch: RawBatch, source: str, path: Path) -> int:
+        """Add the unit's rows (each split reads its own way); the crc32 of its byte range."""
 
     @abstractmethod
     def where(self) -> str:
@@ -133,13 +153,17 @@ class LineSplit(CountedSplit):
     line_base: int
     records: int
     max_bytes: int
+    digest: int | None = None
+    stamp: Stamp | None = None
 
-    def fill(self, batch: RawBatch, source: str, path: Path) -> None:
+    def fill(self, batch: RawBatch, source: str, path: Path) -> int:
         """The unit's lines, unparsed (``RawBatch.parse_pending`` parses them)."""
         with open_binary(path) as f:
             f.seek(self.start)
-            batch.pending.extend(_jsonl_lines(path, self.max_bytes, RangeReader(f, self.end - self.start),
+            stream = CrcReader(RangeReader(f, self.end - self.start))  # type: ignore[arg-type]
+            batch.pending.extend(_jsonl_lines(path, self.max_bytes, stream,  # type: ignore[arg-type]
                                               self.position, self.line_base, strip_bom=self.start == 0))
+            return stream.drain()
 
     def where(self) -> str:
         return f"bytes {self.start:,}-{self.end:,}"

@@ -21,6 +21,7 @@ import numpy as np
 
 from dataguard.io import bounded
 from dataguard.io.bounded import BOM, READ_ERRORS
+from dataguard.io.changes import range_crcs
 
 TERMINATOR = re.compile(rb"\r\n|\r|\n")
 _BLANK = re.compile(rb"\n[ \t\x0b\x0c]*\n")  # a blank line between two "\n" (no "\r" here)
@@ -93,6 +94,7 @@ class LineIndex:
     records: int = 0
     lines: int = 0
     marks: list[tuple[int, int, int]] = field(default_factory=list)
+    digests: list[int] = field(default_factory=list)  # crc32 of each unit's bytes (empty: unchecked)
 
 
 def index_lines(path: Path, start: int, end: int, max_bytes: int, every: int) -> LineIndex:
@@ -124,6 +126,7 @@ def index_lines(path: Path, start: int, end: int, max_bytes: int, every: int) ->
                 begin = 3 if chunk.startswith(BOM) else 0
             state.feed(chunk, begin)
     state.finish()
+    index.digests = range_crcs(path, [mark[0] for mark in index.marks], end)
     return index
 
 

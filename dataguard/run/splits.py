@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.array_split import ArrayIndex, ArraySplit, array_splits, index_array
+from dataguard.io.changes import Stamp, file_stamp
 from dataguard.io.hf_split import HfLayout, HfSplit, hf_layout, hf_splits
 from dataguard.io.json_readers import LineSplit
 from dataguard.io.line_index import LineIndex, index_lines, plan_line_ranges
@@ -120,6 +121,8 @@ class InputPlan:
         self.specs = list(specs)
         self.batch_rows = batch_rows
         kinds = [split_kind(spec) for spec in self.specs]
+        # taken before the file is hashed and indexed: a unit refuses a file changed since
+        self.stamps = {i: _stamp(spec) for i, spec in enumerate(self.specs) if kinds[i] in ("jsonl", "json")}
         tasks: list[PlanTask] = [DescribeTask(i, spec) for i, spec in enumerate(self.specs) if spec.dataset is None]
         # the longest task first: a large array's sequential scan overlaps everything else
         tasks[:0] = [ArrayIndexTask(i, str(spec.path), spec.json_key, batch_rows)
@@ -145,6 +148,10 @@ class InputPlan:
                     self.arrays[result["key"][0]] = result["array"]
             else:
                 self.indexes.setdefault(result["key"][0], []).append(result["index"])
+        for i, stamp in self.stamps.items():
+            if _stamp(self.specs[i]) != stamp:
+                raise InputError(f"input {self.specs[i].name!r}: {self.specs[i].path} changed while the run was "
+                                 "planned; run again once the file stays put")
         # in-memory datasets are described here: they do not travel to workers
         self.input_info = [infos[i] if i in infos else describe_input(spec) for i, spec in enumerate(self.specs)]
 
@@ -152,11 +159,12 @@ class InputPlan:
         """(input, what its next unit reads), lazily: raw batches are read only when asked for."""
         for i, spec in enumerate(self.specs):
             if i in self.indexes:
-                for split in line_splits(str(spec.path), self.indexes[i], self.batch_rows):
+                for split in line_splits(str(spec.path), self.indexes[i], self.batch_rows,
+                                         stamp=self.stamps.get(i)):
                     yield spec, split
             elif i in self.arrays:
                 for part in array_splits(str(spec.path), spec.json_key, self.arrays[i], self.batch_rows,
-                                         DEFAULT_MAX_RECORD_BYTES):
+                                         DEFAULT_MAX_RECORD_BYTES, self.stamps.get(i)):
                     yield spec, part
             elif i in self.layouts:
                 layout = self.layouts[i]
@@ -170,6 +178,14 @@ class InputPlan:
                     yield spec, raw
 
 
+def _stamp(spec: InputSpec) -> Stamp:
+    path = Path(spec.path)
+    try:
+        return file_stamp(path)
+    except OSError as exc:  # worded as describe_input words it
+        raise InputError(f"input {spec.name!r}: cannot read {exc.filename or path}: {exc.strerror or exc}") from None
+
+
 def _ranges(spec: InputSpec, split_bytes: int) -> list[tuple[int, int]]:
     path = Path(spec.path)
     try:
@@ -179,8 +195,9 @@ def _ranges(spec: InputSpec, split_bytes: int) -> list[tuple[int, int]]:
 
 
 def line_splits(path: str, indexes: Sequence[LineIndex], batch_rows: int,
-                max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[LineSplit]:
-    """The units of one file from its ranges' indexes (in file order)."""
+                max_bytes: int = DEFAULT_MAX_RECORD_BYTES, stamp: Stamp | None = None) -> Iterator[LineSplit]:
+    """The units of one file from its ranges' indexes (in file order); each checks its bytes
+    against the index's crc, and the file against ``stamp``."""
     position = line_base = 0
     for index in indexes:
         marks = index.marks
@@ -188,8 +205,8 @@ def line_splits(path: str, indexes: Sequence[LineIndex], batch_rows: int,
             end = marks[k + 1][0] if k + 1 < len(marks) else index.end
             records = min(batch_rows, index.records - records_before)
             yield LineSplit(path, offset, end, position + records_before, line_base + lines_before, records,
-                            max_bytes)
+                            max_bytes, index.digests[k] if index.digests else None, stamp)
         position += index.records
         line_base += index.lines
     if position == 0:  # no records at all: one unit holding the empty_file row
-        yield LineSplit(path, 0, 0, 0, 0, 0, max_bytes)
+        yield LineSplit(path, 0, 0, 0, 0, 0, max_bytes, stamp=stamp)
