@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,8 @@ def train_command(args: argparse.Namespace) -> int:
     from dataguard.train.loop import Trainer
 
     trainer = Trainer(cfg, progress=not args.quiet and sys.stderr.isatty(), echo=print)
-    import warnings
-
-    def one_line(message: Any, category: Any, *_: Any, **__: Any) -> None:
-        if issubclass(category, UserWarning) and not issubclass(category, FutureWarning | DeprecationWarning):
-            print(f"dataguard: warning: {' '.join(str(message).split())}", file=sys.stderr)
-
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = one_line
+        with _one_line_warnings():
             result = trainer.fit(resume=args.resume)
     except _train_errors() as exc:
         if (Path(cfg.output) / "metrics.jsonl").is_file():  # a stopped run's page says why
@@ -59,6 +53,20 @@ def train_command(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Our warnings as `dataguard: warning: ...` lines on stderr, not Python's two-line form."""
+    import warnings
+
+    def one_line(message: Any, category: Any, *_: Any, **__: Any) -> None:
+        if issubclass(category, UserWarning) and not issubclass(category, FutureWarning | DeprecationWarning):
+            print(f"dataguard: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = one_line
+        yield
+
+
 def _build_training_report(run: Path, html: Path | None = None) -> Path:
     from dataguard.train.report import ReportInputError, build_training_report
 
@@ -74,13 +82,15 @@ def train_report_command(args: argparse.Namespace) -> int:
 
 
 def _run_settings(run: Path, resume: bool) -> dict[str, Any]:
-    from dataguard.train.checkpoint import latest_checkpoint
+    from dataguard.train.checkpoint import latest_checkpoint, newest_intact_checkpoint
 
     if not resume:
         raise CliError(f"{run} is a folder: pass a config file, or --resume to continue that run")
-    latest = latest_checkpoint(run)
-    if latest is None:
+    if latest_checkpoint(run) is None:
         raise CliError(f"{run}: no complete checkpoint to resume from")
+    latest = newest_intact_checkpoint(run)  # the run itself names any damaged one it skips
+    if latest is None:
+        raise CliError(f"{run}: every checkpoint is damaged; nothing can be resumed safely", EXIT_FAILED)
     try:
         settings = json.loads((latest / "state.json").read_text())["config"]
     except (OSError, ValueError, KeyError) as exc:
@@ -103,7 +113,8 @@ def convert_command(args: argparse.Namespace) -> int:
     from dataguard.train.convert import convert_checkpoint
 
     try:
-        out = convert_checkpoint(args.source, args.out)
+        with _one_line_warnings():
+            out = convert_checkpoint(args.source, args.out)
     except _train_errors() as exc:
         raise CliError(f"convert failed: {exc}", EXIT_FAILED) from None
     print(f"model: {out}")

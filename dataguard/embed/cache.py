@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.readers import file_sha256
+from dataguard.io.safe_files import disk_full, no_space_error
 
 MARKER = "dataguard-cache.json"
 _MODEL_HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
@@ -98,6 +99,16 @@ def model_label(model_dir: Path) -> str:
     return model_dir.name if model_dir.name != "model" else model_dir.parent.name
 
 
+def _remove_empty_builds(root: Path, name: str) -> None:
+    """Empty build folders of killed builds (mkdtemp's names, nothing inside to lose)."""
+    for child in root.glob(f".build-{name}-*"):
+        if child.is_dir() and not child.is_symlink():
+            try:
+                child.rmdir()
+            except OSError:
+                pass  # not empty: a build in progress in another process, or not ours
+
+
 def _valid(entry: Path) -> bool:
     try:
         marker = json.loads((entry / MARKER).read_text(encoding="utf-8"))
@@ -137,6 +148,7 @@ def cached_artifact(kind: str, model_dir: Path, settings: dict[str, Any],
                 aside = Path(tempfile.mkdtemp(prefix=f".corrupt-{name}-", dir=root))
                 os.replace(entry, aside / "entry")  # ours (marker), but corrupt: rebuild
                 shutil.rmtree(aside, ignore_errors=True)
+            _remove_empty_builds(root, name)
             tmp = Path(tempfile.mkdtemp(prefix=f".build-{name}-", dir=root))
             try:
                 build(tmp)
@@ -146,6 +158,12 @@ def cached_artifact(kind: str, model_dir: Path, settings: dict[str, Any],
                 (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True), encoding="utf-8")
                 tmp.chmod(0o755)  # mkdtemp made it private; the cache may be shared
                 os.rename(tmp, entry)
+            except Exception as exc:
+                # a full disk shows up as whatever the exporter read back half-written (a protobuf
+                # DecodeError, say): name the real cause, as every other write does
+                if disk_full(exc, root):
+                    raise no_space_error(root) from exc
+                raise
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
         finally:

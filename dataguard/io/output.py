@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard import __version__
+from dataguard.io.safe_files import LinkRefused, find_link
 from dataguard.run.workdir import WORK, WORK_FILE
 
 MARKER = ".dataguard"
@@ -50,6 +51,9 @@ class OutputFolder:
         """Make the folder ours (or prove it already is), lock it, and check the inputs."""
         self._check_path()
         marker = self.root / MARKER
+        for name in (MARKER, LOCK):
+            if (self.root / name).is_symlink():
+                raise OutputFolderError(str(LinkRefused(self.root / name)))
         if marker.is_file():
             self._lock()
             self._owned = self._read_marker()
@@ -66,8 +70,9 @@ class OutputFolder:
             self._lock()
         self._check_inputs(inputs)
         for sub in ("data", "rejected", WORK):
-            if (self.root / sub).is_symlink():  # writing through it would land outside the folder
-                raise OutputFolderError(f"{self.root / sub} is a link; dataguard writes only inside "
+            link = find_link(self.root / sub)  # at any depth: writing through it would land outside
+            if link is not None:
+                raise OutputFolderError(f"{link} is a link; dataguard writes only inside "
                                         f"{self.root} - remove the link or choose another output folder")
 
     def release(self) -> None:
@@ -98,8 +103,10 @@ class OutputFolder:
 
         path = self.root / LOCK
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a planted link: its target would get our pid
+                raise OutputFolderError(str(LinkRefused(path))) from None
             raise OutputFolderError(f"cannot lock output folder {self.root}: {_why(exc)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from dataguard.io.readers import file_sha256 as sha256_file
+from dataguard.io.safe_files import write_atomic
 
 # Record batches inside a shard are cut at this many rows so that shards are laid out
 # the same way whatever batch sizes the pipeline used upstream (byte-identical output).
@@ -25,17 +26,9 @@ IPC_CHUNK_ROWS = 1000
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Temp file + rename; a link at ``path`` is refused (`dataguard.io.safe_files`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not leave half files behind
-        raise
+    write_atomic(path, data)
 
 
 def atomic_write_json(path: Path, value: Any) -> None:

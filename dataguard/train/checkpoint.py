@@ -8,9 +8,16 @@ every RNG state (``trainer_state.pt``, tensors and plain values only, read back 
 label map. It is written under ``step-000123.tmp-<pid>`` and renamed into place after the
 ``COMPLETE`` marker (written last, fsynced): a folder without the marker is never read.
 
+Every file's sha256 goes to ``checksums.json`` just before ``COMPLETE``; reading a checkpoint
+verifies them first, so a truncated, emptied or bit-flipped file is detected, never trusted:
+`newest_intact_checkpoint` falls back to the previous intact checkpoint and says so.
+
 Rotation keeps the last ``keep`` complete checkpoints and never deletes the newest complete
-one nor the best one (a run killed during a save still has its last good checkpoint).
-A checkpoint with a non-finite weight or optimizer value is refused, not written.
+one nor the best one (a run killed during a save still has its last good checkpoint). A
+rotated checkpoint loses its ``COMPLETE`` marker before any other file, so a kill during
+rotation never leaves a "complete" checkpoint with files missing.
+A checkpoint with a non-finite weight or optimizer value is refused, not written. A full disk
+during a save removes the partial folder and raises the ``ENOSPC`` error every command reports.
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataguard.io.readers import file_sha256
+from dataguard.io.safe_files import disk_full, no_space_error, write_atomic
 from dataguard.train.weights import load_state_into
 
 COMPLETE = "COMPLETE"
+CHECKSUMS = "checksums.json"
+SAVING = ".saving"  # the name of the temp folder a save is writing, written before the folder
 _NAME = re.compile(r"^step-(\d{6,})$")
 _TMP_NAME = re.compile(r"^step-\d{6,}\.tmp-\d+$")
 OWNER = ".dataguard-checkpoint"
@@ -95,8 +106,22 @@ def _optimizer_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    with _new_file(path) as fh:
         fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _new_file(path: Path) -> Any:
+    """A new file inside a checkpoint being written (never an existing file or a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    return os.fdopen(fd, "wb")
+
+
+def _torch_save(value: Any, path: Path) -> None:
+    """torch.save through our own file handle: a full disk is an OSError, not torch's C++ error."""
+    with _new_file(path) as fh:
+        torch.save(value, fh)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -123,28 +148,41 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
     tmp = root / f"step-{step:06d}.tmp-{os.getpid()}"
     if tmp.exists():
         _remove_ours(tmp)
-    tmp.mkdir()
-    _fsync_write(tmp / OWNER, b"written by dataguard train\n")  # first file: proves the folder is ours
-    from dataguard.train.model import quiet_transformers
+    try:
+        write_atomic(root / SAVING, tmp.name)  # names the folder before it exists: an empty one is ours
+        tmp.mkdir()
+        _fsync_write(tmp / OWNER, b"written by dataguard train\n")  # first file: proves the folder is ours
+        from dataguard.train.model import quiet_transformers
 
-    with quiet_transformers():
-        model.save_pretrained(str(tmp))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-    torch.save(opt_state, tmp / "optimizer.pt")
-    torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": dict(rng) if rng is not None else capture_rng()}, tmp / "trainer_state.pt")
-    state = {"step": int(step), "sampler": dict(sampler_state) if sampler_state is not None else None,
-             "history": list(history or []), "config": dict(cfg or {}), "extra": dict(extra or {}),
-             "lora": bool(hasattr(model, "peft_config"))}
-    _fsync_write(tmp / "state.json", json.dumps(state, indent=1, default=str).encode())
-    if label_map is not None:
-        _fsync_write(tmp / "label_map.json", json.dumps(dict(label_map), indent=1).encode())
-    _fsync_write(tmp / COMPLETE, b"ok\n")
+        with quiet_transformers():
+            model.save_pretrained(str(tmp))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(tmp))
+        _torch_save(opt_state, tmp / "optimizer.pt")
+        _torch_save({"scheduler": scheduler.state_dict() if scheduler is not None else None,
+                     "scaler": scaler.state_dict() if scaler is not None else None,
+                     "rng": dict(rng) if rng is not None else capture_rng()}, tmp / "trainer_state.pt")
+        state = {"step": int(step), "sampler": dict(sampler_state) if sampler_state is not None else None,
+                 "history": list(history or []), "config": dict(cfg or {}), "extra": dict(extra or {}),
+                 "lora": bool(hasattr(model, "peft_config"))}
+        _fsync_write(tmp / "state.json", json.dumps(state, indent=1, default=str).encode())
+        if label_map is not None:
+            _fsync_write(tmp / "label_map.json", json.dumps(dict(label_map), indent=1).encode())
+        sums = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file() and not p.is_symlink()}
+        _fsync_write(tmp / CHECKSUMS, json.dumps({"sha256": sums}, indent=1, sort_keys=True).encode())
+        _fsync_write(tmp / COMPLETE, b"ok\n")
+    except Exception as exc:
+        if tmp.is_dir() and not tmp.is_symlink() and (tmp / OWNER).is_file():
+            shutil.rmtree(tmp, ignore_errors=True)  # ours (owner file first), and never complete
+        if disk_full(exc, root):
+            raise no_space_error(root) from exc
+        if isinstance(exc, OSError):
+            raise
+        raise CheckpointError(f"cannot write checkpoint step {step}: {' '.join(str(exc).split())}") from exc
     if final.exists():  # the same step saved again (e.g. a resumed run): replace it
         _remove_ours(final)
     os.replace(tmp, final)
+    (root / SAVING).unlink(missing_ok=True)
     _fsync_dir(root)
     if keep is not None:
         rotate(run_dir, keep, protect=protect)
@@ -178,9 +216,45 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
+    """The newest complete checkpoint, or None (not verified: see `newest_intact_checkpoint`)."""
     done = complete_checkpoints(run_dir)
     return done[-1] if done else None
+
+
+def checkpoint_damage(path: str | Path) -> str | None:
+    """Why a complete checkpoint cannot be trusted (a file missing, changed or added), or None."""
+    path = Path(path)
+    try:
+        sums = json.loads((path / CHECKSUMS).read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(sums, dict) or not sums:
+            raise ValueError("no sums")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{CHECKSUMS} is missing or unreadable"
+    for name, expected in sorted(sums.items()):
+        file = path / str(name)
+        if Path(str(name)).name != name or file.is_symlink() or not file.is_file():
+            return f"{name} is missing"
+        try:
+            if file_sha256(file) != expected:
+                return f"{name} does not match its sha256 (damaged or changed)"
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror or exc})"
+    for extra in WEIGHT_FILES + ("optimizer.pt", "trainer_state.pt", "state.json"):
+        if (path / extra).exists() and extra not in sums:
+            return f"{extra} was not written with the checkpoint"
+    return None
+
+
+def newest_intact_checkpoint(run_dir: str | Path, warn: Any = None) -> Path | None:
+    """The newest complete checkpoint whose files match their sha256 sums; each newer damaged
+    one is named through ``warn`` (a callable taking one line) and skipped."""
+    for path in reversed(complete_checkpoints(run_dir)):
+        damage = checkpoint_damage(path)
+        if damage is None:
+            return path
+        if warn is not None:
+            warn(f"checkpoint {path.name} is damaged ({damage}); using the previous intact checkpoint")
+    return None
 
 
 def rotate(run_dir: str | Path, keep: int, *, protect: Iterable[str] = ()) -> list[Path]:
@@ -199,8 +273,26 @@ def rotate(run_dir: str | Path, keep: int, *, protect: Iterable[str] = ()) -> li
             removed.append(child)
     removed = [p for p in removed if _owned(p)]
     for path in removed:
+        if (path / COMPLETE).is_file():  # first: a kill from here on leaves an incomplete folder
+            (path / COMPLETE).unlink()
+            _fsync_dir(path)
         shutil.rmtree(path, ignore_errors=True)
+    saving = _saving_folder(root)
+    if saving is not None and saving.rsplit("-", 1)[-1] != str(os.getpid()):
+        child = root / saving  # a save killed between mkdir and its owner file: empty, and named ours
+        if child.is_dir() and not child.is_symlink() and not any(child.iterdir()):
+            child.rmdir()
+            removed.append(child)
     return removed
+
+
+def _saving_folder(root: Path) -> str | None:
+    """The temp folder the last save named in ``.saving`` (only a name of ours, never a path)."""
+    try:
+        name = (root / SAVING).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if _TMP_NAME.match(name) else None
 
 
 def _owned(path: Path) -> bool:
@@ -257,15 +349,20 @@ def load_checkpoint(path: str | Path, model: Any = None, optimizer: Any = None, 
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE} marker)")
+    damage = checkpoint_damage(path)
+    if damage is not None:
+        raise CheckpointError(f"{path}: damaged checkpoint: {damage}")
     try:
         state = json.loads((path / "state.json").read_text())
         trainer = torch.load(path / "trainer_state.pt", weights_only=True)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: unreadable checkpoint state ({exc})") from None
-    if model is not None:
-        load_weights(model, path)
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        if model is not None:
+            load_weights(model, path)
+        if optimizer is not None:
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a checkpoint whose sums match but does not load
+        raise CheckpointError(f"{path}: unreadable checkpoint ({' '.join(str(exc).split())[:300]})") from None
     if scheduler is not None and trainer.get("scheduler") is not None:
         scheduler.load_state_dict(trainer["scheduler"])
     if scaler is not None and trainer.get("scaler"):

@@ -8,10 +8,21 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
-from dataguard.train.checkpoint import COMPLETE, latest_checkpoint, load_weights
+from dataguard.io.safe_files import disk_full, no_space_error
+from dataguard.train.checkpoint import (
+    COMPLETE,
+    checkpoint_damage,
+    latest_checkpoint,
+    load_weights,
+    newest_intact_checkpoint,
+)
 from dataguard.train.weights import PEFT_PREFIX, ConvertError, load_state_into
 
 __all__ = ["PEFT_PREFIX", "ConvertError", "convert_checkpoint", "find_checkpoint", "load_run_model",
@@ -19,40 +30,63 @@ __all__ = ["PEFT_PREFIX", "ConvertError", "convert_checkpoint", "find_checkpoint
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder itself, or the newest complete one of a run folder."""
+    """A checkpoint folder itself (refused if damaged), or the newest intact one of a run folder."""
     path = Path(path)
     if (path / COMPLETE).is_file():
+        damage = checkpoint_damage(path)
+        if damage is not None:
+            raise ConvertError(f"{path}: damaged checkpoint ({damage}); convert another one")
         return path
-    latest = latest_checkpoint(path)
-    if latest is None:
+    if latest_checkpoint(path) is None:
         raise ConvertError(f"{path}: neither a checkpoint nor a run folder with a complete checkpoint")
-    return latest
+    intact = newest_intact_checkpoint(path, lambda line: warnings.warn(line, stacklevel=2))
+    if intact is None:
+        raise ConvertError(f"{path}: every checkpoint is damaged; nothing to convert")
+    return intact
 
 
 def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
-    """Write a plain HF model folder (LoRA merged) from a run or checkpoint folder."""
+    """Write a plain HF model folder (LoRA merged) from a run or checkpoint folder.
+
+    The model is written into a temporary sibling folder and renamed to ``out`` when it is
+    complete, so a failure (a full disk) leaves nothing that blocks the retry."""
     ckpt = find_checkpoint(source)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ConvertError(f"{out}: exists and is not empty")
+    if out.is_symlink():
+        raise ConvertError(f"{out}: is a link; give a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConvertError(f"{out}: exists and is not an empty folder")
     state = json.loads((ckpt / "state.json").read_text())
     config = state.get("config", {})
     task = config.get("task", "sft")
     model = load_run_model(ckpt, task=task, model_spec=config.get("model"))
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.convert-", dir=out.parent))
+    try:
+        _write_model(ckpt, model, tmp)
+        tmp.chmod(0o755)  # mkdtemp made it private
+        os.replace(tmp, out)  # onto a missing or empty folder only (checked above)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full(exc, out.parent):
+            raise no_space_error(out.parent) from exc
+        raise
+    return out
+
+
+def _write_model(ckpt: Path, model: Any, folder: Path) -> None:
     from dataguard.train.model import quiet_transformers
 
     with quiet_transformers():
-        model.save_pretrained(str(out))
+        model.save_pretrained(str(folder))
     tok = _tokenizer(ckpt)
     if tok is not None:
-        tok.save_pretrained(str(out))
+        tok.save_pretrained(str(folder))
     for extra in ("label_map.json",):
         if (ckpt / extra).is_file():
-            (out / extra).write_bytes((ckpt / extra).read_bytes())
-    return out
+            (folder / extra).write_bytes((ckpt / extra).read_bytes())
 
 
 def _tokenizer(folder: Path) -> Any:

@@ -39,6 +39,9 @@ from typing import Any
 
 import torch
 
+from dataguard.io.safe_files import write_atomic
+from dataguard.train.jsonl_log import JsonlLog
+
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered")
 
 
@@ -70,30 +73,6 @@ class Verdict:
     skip: bool = False
     rollback: bool = False
     stop: bool = False
-
-
-def trim_jsonl(path: Path, resume_step: int | None) -> list[str]:
-    """Keep the lines of ``path`` up to ``resume_step`` (none for a fresh run); returns them."""
-    kept: list[str] = []
-    if path.exists():
-        if resume_step is not None:
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-        path.write_text("".join(line + "\n" for line in kept))
-    return kept
-
-
-class JsonlLog:
-    """An append-only JSONL file of the main process (None: write nothing)."""
-
-    def __init__(self, path: Path | None, resume_step: int | None = None) -> None:
-        self.path = path
-        self.lines = trim_jsonl(path, resume_step) if path is not None else []
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.path is not None:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
 
 
 class EventLog(JsonlLog):
@@ -251,6 +230,6 @@ class Guard:
 def write_diagnosis(run_dir: Path, step: int, cause: str, first_layer: str | None, rows: list[str],
                     events: list[dict[str, Any]]) -> Path:
     path = run_dir / "diagnosis.json"
-    path.write_text(json.dumps({"step": int(step), "cause": cause, "first_layer": first_layer,
-                                "rows": list(rows), "events": list(events)}, indent=1) + "\n")
+    write_atomic(path, json.dumps({"step": int(step), "cause": cause, "first_layer": first_layer,
+                                   "rows": list(rows), "events": list(events)}, indent=1) + "\n")
     return path

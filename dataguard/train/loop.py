@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from dataguard.io.output import OutputFolder, OutputFolderError
+from dataguard.io.safe_files import LinkRefused, find_link, write_atomic
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap
@@ -67,6 +68,7 @@ from dataguard.train.sampler import CurriculumSampler
 from dataguard.train.step import (
     ClipSettings,
     across_processes,
+    draw_step,
     guard_after_step,
     metrics_record,
     optimizer_step,
@@ -127,11 +129,16 @@ class Trainer:
         """
         if int(os.environ.get("RANK", "0")) != 0:  # other ranks under `accelerate launch`
             return self._fit(resume, stop_after)
+        check_run_folder(self.run_dir, Path(self.cfg.data))
         folder = OutputFolder(self.run_dir)
         try:
             folder.claim()
         except OutputFolderError as exc:
             raise TrainError(str(exc)) from None
+        link = find_link(self.run_dir)  # at any depth, checkpoints/ included: never written through
+        if link is not None:
+            folder.release()
+            raise TrainError(str(LinkRefused(link)))
         try:
             return self._fit(resume, stop_after)
         finally:
@@ -169,20 +176,19 @@ class Trainer:
             verdict, stats, ratios, hist = Verdict(), None, None, None
             monitor_step = now_step % cfg.monitor_every == 0
             phase = sampler.phase + 1  # the phase this step's batches are drawn in
-            for _ in range(cfg.grad_accum):
-                idx, mult = sampler.next_batch()
-                if world > 1:  # every process draws the same batch and trains on its own slice
-                    idx, mult = idx[rank::world], mult[rank::world]
+            drawn = draw_step(accelerator, sampler, enc, task=cfg.task, grad_accum=cfg.grad_accum, pad_id=pad_id,
+                              rank=rank, world=world, class_weights=class_weights)  # slices, step denominator
+            for idx, batch in drawn:
                 rows.extend(row_ids(enc, idx))
-                batch = {k: v.to(device) for k, v in enc.collate(idx, pad_id, mult).items()}
+                batch = {k: v.to(device) for k, v in batch.items()}
                 if any(f.kind == "garbage_batch" for f in due):
                     batch = garbage_batch(batch, vocab_size, now_step)
                 tokens += int(batch["attention_mask"].sum())
                 with accelerator.accumulate(model):
-                    loss = self._loss(model, batch, offsets, class_weights)
+                    loss = self._loss(model, batch, offsets, class_weights, drawn.denominator)
                     if due:
                         loss = poison_loss(loss, due)
-                    accelerator.backward(loss)
+                    accelerator.backward(loss * drawn.backward_scale)
                     loss_sum += float(loss.detach())
                     if accelerator.sync_gradients:
                         if scaler is not None:
@@ -196,7 +202,7 @@ class Trainer:
                             hist = monitor.histograms()
                         clip_cfg = cfg if guard is None else ClipSettings(cfg.clip_rules, guard.clip_norm(now_step))
                         clip = clip_gradients(raw_model, clip_cfg, kinds)
-                        mean_loss = loss_sum / cfg.grad_accum
+                        mean_loss = loss_sum  # the shares of the step's weighted mean add up
                         if world > 1:  # the loss of the whole batch: every process judges and logs the same
                             mean_loss, tokens = across_processes(accelerator, mean_loss, tokens, device)
                         bad_layers: list[str] = []
@@ -261,7 +267,7 @@ class Trainer:
                     guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
                 saved_at = step
                 if is_best and main:
-                    (self.run_dir / "best.json").write_text(json.dumps(
+                    write_atomic(self.run_dir / "best.json", json.dumps(
                         {"checkpoint": str(path), "eval_loss": best["metric"], "step": step}) + "\n")
             if self.on_step is not None:
                 self.on_step(step)
@@ -280,14 +286,16 @@ class Trainer:
                              rollbacks=guard.rollbacks if guard is not None else 0, events=list(events.events))
 
     def _loss(self, model: Any, batch: dict[str, torch.Tensor], offsets: torch.Tensor | None,
-              class_weights: torch.Tensor | None) -> torch.Tensor:
+              class_weights: torch.Tensor | None, denominator: float | None = None) -> torch.Tensor:
         cfg = self.cfg
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         if cfg.task == "sft":
-            return causal_lm_loss(out.logits, batch["labels"], sample_weights=batch["sample_weight"])
+            return causal_lm_loss(out.logits, batch["labels"], sample_weights=batch["sample_weight"],
+                                  denominator=denominator)
         return logit_adjusted_cross_entropy(
             out.logits, batch["labels"], offsets=offsets if cfg.logit_adjustment else None,
-            label_smoothing=cfg.label_smoothing, class_weights=class_weights, sample_weights=batch["sample_weight"])
+            label_smoothing=cfg.label_smoothing, class_weights=class_weights, sample_weights=batch["sample_weight"],
+            denominator=denominator)
 
     def _evaluate(self, model: Any, val: Encoded, pad_id: int, offsets: torch.Tensor | None,
                   device: torch.device) -> dict[str, float]:
@@ -295,6 +303,15 @@ class Trainer:
         cfg = self.cfg
         return evaluate(model, val, task=cfg.task, batch_size=cfg.batch_size, pad_id=pad_id, offsets=offsets,
                         logit_adjustment=cfg.logit_adjustment, device=device)
+
+
+def check_run_folder(run_dir: Path, data: Path) -> None:
+    """Refuse a run folder that is, holds or sits inside the pipeline output it trains on: the
+    run would overwrite the pipeline's ``run.json`` (or train on its own files)."""
+    run, shards = run_dir.resolve(), data.resolve()
+    if run == shards or shards.is_relative_to(run) or run.is_relative_to(shards):
+        raise TrainError(f"output {run_dir}: the run folder must be apart from the pipeline output it trains "
+                         f"on ({data}); choose another output")
 
 
 def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, tokenizer: Any, optimizer: Any,

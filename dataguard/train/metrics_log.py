@@ -7,6 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dataguard.io.safe_files import open_nofollow
+from dataguard.train.jsonl_log import trim_jsonl
+
 
 class MetricsLog:
     """metrics.jsonl (one object per line) and, when asked and installed, TensorBoard."""
@@ -18,11 +21,8 @@ class MetricsLog:
         self.tb = None
         if not enabled:
             return
-        if self.path.exists():  # drop what a killed run logged after its last checkpoint
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
-        self.fh = open(self.path, "a")  # noqa: SIM115 - closed in close()
+        trim_jsonl(self.path, resume_step)  # drop what a killed run logged after its last checkpoint
+        self.fh = open_nofollow(self.path, "a")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataguard.io.safe_files import write_atomic
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import (
     Encoded,
@@ -180,9 +181,9 @@ def write_summary(run_dir: Path, cfg: TrainConfig, notes: list[str], groups: lis
                   lora: dict[str, Any] | None, split_source: str, enc: Encoded, val: Encoded | None, total: int,
                   warmup: int, max_length: int | None, label_map: LabelMap | None, processes: int = 1) -> None:
     """``param_groups.txt`` and ``run.json`` (the settings, sizes, split and notes of the run)."""
-    (run_dir / "param_groups.txt").write_text(describe_groups(groups) + "\n")
+    write_atomic(run_dir / "param_groups.txt", describe_groups(groups) + "\n")
     summary = {"config": cfg.to_dict(), "total_steps": total, "warmup_steps": warmup,
                "max_length": max_length, "processes": processes, "train_examples": len(enc), "val_examples": len(val) if val else 0,
                "split": split_source, "dropped": enc.dropped, "param_groups": groups_record(groups),
                "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes}
-    (run_dir / "run.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    write_atomic(run_dir / "run.json", json.dumps(summary, indent=1, default=str) + "\n")

@@ -103,6 +103,15 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         raise TrainError(f"{run_dir} already has checkpoints (newest {latest.name}); resume with "
                          "--resume, or choose another output")
     if resume and latest is not None:
+        def damaged(line: str) -> None:
+            echo(line)
+            notes.append(line)
+
+        latest = ckpt_mod.newest_intact_checkpoint(run_dir, damaged)
+        if latest is None:
+            raise TrainError(f"{run_dir}: every checkpoint is damaged; nothing can be resumed safely "
+                             "(start a new run in another folder)")
+    if resume and latest is not None:
         check_resumable(cfg, run_dir, latest)
     if resume and latest is None:
         echo(f"no complete checkpoint in {run_dir}; starting from step 0")
