@@ -1,6 +1,7 @@
 """One optimizer step of the loop, and what is recorded about it.
 
-`optimizer_step` applies (or skips) the step of accumulated, clipped gradients with the
+`draw_step` draws the step's micro-batches before the first backward and fixes the step's
+loss denominator (THE WEIGHT RULE in `dataguard.train.data`); `optimizer_step` applies (or skips) the step of accumulated, clipped gradients with the
 lr damping / back-off / spike of this step only; `metrics_record` is the step's line of
 ``metrics.jsonl``; `guard_after_step` closes a recovery and takes the guard's snapshots;
 `update_best` tracks the best evaluation for early stopping.
@@ -8,6 +9,7 @@ lr damping / back-off / spike of this step only; `metrics_record` is the step's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,14 +17,61 @@ import torch
 
 from dataguard.train.data import Encoded
 from dataguard.train.guard import Verdict
+from dataguard.train.losses import causal_lm_weight_mass, cross_entropy_weight_mass
 from dataguard.train.optim import GradVarianceScaler
 
 
-def across_processes(accelerator: Any, mean_loss: float, tokens: int, device: Any) -> tuple[float, int]:
-    """(mean of the processes' losses, total tokens): with equal slices and uniform weights
-    the mean of the slice losses is the batch's loss, so a run logs what one process would."""
-    both = accelerator.reduce(torch.tensor([mean_loss, float(tokens)], dtype=torch.float64, device=device), "sum")
-    return float(both[0]) / accelerator.num_processes, int(both[1])
+def across_processes(accelerator: Any, loss_share: float, tokens: int, device: Any) -> tuple[float, int]:
+    """(the step's loss, total tokens): every process's loss is its share of the step's
+    weighted mean (all divided by the same step-wide denominator), so the shares add up,
+    whatever the sizes of the slices, and a run logs what one process would."""
+    both = accelerator.reduce(torch.tensor([loss_share, float(tokens)], dtype=torch.float64, device=device), "sum")
+    return float(both[0]), int(both[1])
+
+
+@dataclass
+class StepBatches:
+    """This process's micro-batches of one optimizer step (collated, on the CPU) and the
+    step's denominator. The loss of each micro-batch is ``sum(w * loss) / denominator``, its
+    share of the step's weighted mean; ``backward_scale`` undoes the ``1 / grad_accum`` of
+    ``accelerator.backward`` and the ``1 / processes`` of DDP's gradient average, so the
+    gradient is that of the sum of the shares: the step's weighted mean."""
+
+    indices: list[list[int]]
+    batches: list[dict[str, torch.Tensor]]
+    denominator: float
+    backward_scale: float
+
+    def __iter__(self) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+        return iter(zip(self.indices, self.batches, strict=True))
+
+
+def weight_mass(task: str, batch: dict[str, torch.Tensor], class_weights: torch.Tensor | None = None) -> float:
+    """A collated micro-batch's share of the step's denominator (`dataguard.train.losses`):
+    per row for classify (times the class weight of its target), per supervised token for sft."""
+    if task == "sft":
+        return float(causal_lm_weight_mass(batch["labels"], batch["sample_weight"]))
+    cw = class_weights.detach().cpu() if class_weights is not None else None
+    return float(cross_entropy_weight_mass(batch["labels"], batch["sample_weight"], cw))
+
+
+def draw_step(accelerator: Any, sampler: Any, enc: Encoded, *, task: str, grad_accum: int, pad_id: int,
+              rank: int = 0, world: int = 1, class_weights: torch.Tensor | None = None) -> StepBatches:
+    """Draw and collate the step's ``grad_accum`` micro-batches up front (every process draws
+    the same batches and keeps its slice ``rows[rank::world]``), and sum their weight mass
+    over all processes: the denominator has to be known before the first backward, so that
+    a row's weight means the same with any micro-batch size, accumulation or process count."""
+    indices, batches = [], []
+    for _ in range(grad_accum):
+        idx, mult = sampler.next_batch()
+        if world > 1:
+            idx, mult = idx[rank::world], mult[rank::world]
+        indices.append(idx)
+        batches.append(enc.collate(idx, pad_id, mult))
+    mass = sum(weight_mass(task, b, class_weights) for b in batches)
+    if world > 1:
+        mass = float(accelerator.reduce(torch.tensor([mass], dtype=torch.float64, device=accelerator.device), "sum")[0])
+    return StepBatches(indices, batches, mass, float(accelerator.gradient_accumulation_steps * world))
 
 
 @dataclass
