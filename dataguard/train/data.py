@@ -12,8 +12,8 @@ THE WEIGHT RULE (how the pipeline's per-row columns become what the optimizer se
 
 * ``sample_weight`` (longtail stage; default 1) and ``drift_weight`` (drift stage's
   importance weights; default 1) *multiply*: a row's base weight is
-  ``sample_weight * drift_weight``. It scales the row's loss (`dataguard.train.losses`
-  normalises by the batch's weight sum).
+  ``sample_weight * drift_weight``. It scales the row's loss; how the scaled losses are
+  normalised is the last rule below.
 * ``repeat`` (resampling; int, default 1) is how many times the row is *drawn* per epoch:
   the sampler expands indices (row i appears ``repeat[i]`` times in the epoch's shuffled
   order); it never multiplies the weight, so a resampled row is not counted twice over.
@@ -25,10 +25,23 @@ THE WEIGHT RULE (how the pipeline's per-row columns become what the optimizer se
 * null = the default (1): a stage writes null for rows it did not score. NaN, infinite or
   negative weights, and negative or fractional repeats, are errors at load
   (`TrainDataError` naming the row id): the run would otherwise train on garbage silently.
+* the loss of an optimizer step is ``sum(w * loss) / sum(w)`` over the *whole step*: every
+  micro-batch of the accumulation window on every process (classify: one term per row, w
+  times the class weight of its target when ``class_balanced``; SFT: one term per
+  supervised token, each carrying its row's weight, so the denominator is the weighted
+  count of supervised tokens). The loop draws the step's micro-batches before the first
+  backward, sums their weights (all-reduced across processes) and divides every micro-batch
+  by that one total (`dataguard.train.step.draw_step`); each process's backward is scaled by
+  ``grad_accum * processes`` to undo accelerate's and DDP's averaging, so unequal slices
+  (``batch_size % processes != 0``) count by their size. A weight therefore means the same
+  at any ``batch_size`` / ``grad_accum`` / process count: weight 10 is ten times weight 1
+  (per token, for SFT), and equal weights give the plain mean of the step. The logged loss
+  is this same weighted mean. A step whose weights are all 0 has loss 0 and zero gradient.
 
 With ``packing`` (SFT only) rows are first expanded by ``repeat`` and packed in order; a pack
-is one sample whose weight is the mean of its rows' weights (exact only when weights are
-uniform) and whose rows attend to each other (no per-row attention reset).
+is one sample whose weight is the mean of its rows' weights (so every token of a pack carries
+that mean: exact only when weights are uniform) and whose rows attend to each other (no
+per-row attention reset).
 """
 
 from __future__ import annotations

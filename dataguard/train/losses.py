@@ -15,18 +15,11 @@ replaced by the smallest finite offset (the class is treated like the rarest cla
 which keeps every value finite; -inf would zero the class's probability and produce NaN
 gradients under label smoothing.
 
-Weighting (THE WEIGHT RULE in `dataguard.train.data`): a loss is ``sum(w * loss) / D``.
-``D`` is the *step-wide* denominator: the weight mass (`cross_entropy_weight_mass`,
-`causal_lm_weight_mass`) of every micro-batch of the optimizer step on every process, which
-the loop computes before the first backward (`dataguard.train.step.draw_step`) and passes as
-``denominator``. Each micro-batch's loss is then its share of the step's loss, and the shares
-add up to one weighted mean over the whole step, whatever the micro-batch size, gradient
-accumulation or number of processes. Without ``denominator`` the batch is its own step.
-For classify the mass of a row is its weight times the class weight of its target (what
-``F.cross_entropy(weight=..., reduction="mean")`` divides by); for SFT every supervised token
-carries its row's weight and the mass is the sum over supervised tokens (so a long answer
-says more than a short one, as in one token mean over the step). A step whose mass is 0
-gives a loss of 0 with zero (finite) gradients.
+Weighting follows THE WEIGHT RULE (`dataguard.train.data`): a loss is
+``sum(w * loss) / denominator`` where the loop passes the step-wide weight mass as
+``denominator`` (`cross_entropy_weight_mass` per row, `causal_lm_weight_mass` per supervised
+token, summed over the step), so each micro-batch's loss is its share of the step's weighted
+mean. Without ``denominator`` the batch is its own step.
 """
 
 from __future__ import annotations
