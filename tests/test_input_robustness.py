@@ -39,8 +39,9 @@ def _rejected(out: Path) -> list[dict]:
     return [row for table in tables for row in table.to_pylist()]
 
 
-def _kept(out: Path) -> int:
-    return sum(ipc.open_stream(p.read_bytes()).read_all().num_rows for p in sorted((out / "data").glob("*.arrow")))
+def _kept_rows(out: Path) -> list[dict]:
+    tables = [ipc.open_stream(p.read_bytes()).read_all() for p in sorted((out / "data").glob("*.arrow"))]
+    return [row for table in tables for row in table.to_pylist()]
 
 
 # ------------------------------------------------------------------ 1. damaged Parquet row group
@@ -68,7 +69,7 @@ def test_a_damaged_row_group_gives_the_same_bytes_for_any_worker_count(tmp_path:
     assert [r["reason"] for r in rejected] == ["unreadable_file"] * 4  # the units touching rows 200-299
     assert all("row group 2 (rows 200-299) is damaged" in r["detail"] and "StopIteration" not in r["detail"]
                for r in rejected)
-    assert _kept(tmp_path / "o0") == 300
+    assert len(_kept_rows(tmp_path / "o0")) == 300
 
 
 # ------------------------------------------------------------------ 2. an input rewritten mid-run
@@ -115,3 +116,19 @@ def test_an_input_rewritten_in_place_mid_run_is_refused(tmp_path: Path, capsys: 
     assert len(err) == 1 and err[0].startswith("dataguard: run failed: input 'd': ") and str(path) in err[0]
     assert "changed while it was read" in err[0]
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+# ------------------------------------------------------------------ 3. a stray quote in CSV
+@pytest.mark.parametrize("closed_later", [True, False], ids=["closed-later", "never-closed"])
+def test_a_stray_csv_quote_costs_only_its_own_row(tmp_path: Path, closed_later: bool) -> None:
+    rows = [f"Question {i}?,Answer {i}." for i in range(8)]
+    if closed_later:  # a later valid row's quoted field closes the stray quote
+        rows[6] = 'Question 6?,"Answer 6, with a comma."'
+    lines = ["instruction,output", *rows[:4], 'Question 99?,"a broken answer', *rows[4:]]
+    path = tmp_path / "in.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert _run(tmp_path, path, "o") == 0
+    rejected = _rejected(tmp_path / "o")
+    assert [(r["reason"], r["detail"].split(":")[0]) for r in rejected] == [("malformed_csv", "line 6")]
+    assert rejected[0]["record"] == 'Question 99?,"a broken answer'
+    assert [row["messages"][0]["content"] for row in _kept_rows(tmp_path / "o")] == [f"Question {i}?" for i in range(8)]

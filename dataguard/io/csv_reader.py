@@ -43,12 +43,18 @@ class _CsvFeed:
         self.lines = lines
         self.taken: list[tuple[int, bytes]] = []
         self.bad_utf8 = False
+        self.pushed: list[tuple[int, bytes]] = []  # lines given back, read again first (last one first)
+        self.refed = False  # the record being read holds a line given back
 
     def __iter__(self) -> _CsvFeed:
         return self
 
     def __next__(self) -> str:
-        line_no, line = next(self.lines)
+        if self.pushed:
+            line_no, line = self.pushed.pop()
+            self.refed = True
+        else:
+            line_no, line = next(self.lines)  # type: ignore[assignment]
         if isinstance(line, Oversize):
             raise _LineTooLarge(line_no, line)
         if isinstance(line, Broken):
@@ -60,27 +66,40 @@ class _CsvFeed:
             self.bad_utf8 = True
             return line.decode("utf-8", "surrogateescape") + "\n"
 
-    def take(self) -> tuple[list[tuple[int, bytes]], bool]:
-        taken, bad = self.taken, self.bad_utf8
-        self.taken, self.bad_utf8 = [], False
-        return taken, bad
+    def take(self) -> tuple[list[tuple[int, bytes]], bool, bool]:
+        taken, bad, refed = self.taken, self.bad_utf8, self.refed
+        self.taken, self.bad_utf8, self.refed = [], False, False
+        return taken, bad, refed
+
+    def give_back(self, lines: list[tuple[int, bytes]]) -> None:
+        """Lines to read again, as the next ones, before the rest of the file."""
+        self.pushed.extend(reversed(lines))
 
 
 @dataclass
 class _CsvRecord:
     lines: list[tuple[int, bytes]]
     bad_utf8: bool
+    refed: bool = False  # read from lines given back after a stray quote (see `_csv_records`)
     fields: list[str] | None = None
     error: str | None = None  # csv.Error text (strict quoting, unclosed quote at EOF, field too large)
     too_large: tuple[int, Oversize] | None = None
     broken: tuple[int, Broken] | None = None
+    stray: bool = False  # a line whose quote ran over the next lines, split off them
 
     def blank(self) -> bool:
         return self.fields is not None and (not self.fields or (len(self.fields) == 1 and not self.fields[0].strip()))
 
 
-def _csv_records(path: Path, delimiter: str, max_bytes: int) -> Iterator[_CsvRecord]:
-    """Every record of a CSV file with the physical lines it was read from (strict quoting)."""
+def _csv_records(path: Path, delimiter: str, max_bytes: int, split_multiline: bool = False) -> Iterator[_CsvRecord]:
+    """Every record of a CSV file with the physical lines it was read from (strict quoting).
+
+    With ``split_multiline`` (a file with no legitimate multi-line fields) a record read over
+    several lines - a stray quote that ran on until a later quote, an error or the end of the
+    file - is cut back to its first line (where the quote opened: the line break ending it
+    lies inside the quote), a ``stray`` record, and the lines after it are read again as
+    records of their own: the valid rows around a stray quote are kept.
+    """
     csv.field_size_limit(max_bytes)
     with open_binary(path) as f:
         feed = _CsvFeed(bounded_lines(f, max_bytes))
@@ -91,16 +110,20 @@ def _csv_records(path: Path, delimiter: str, max_bytes: int) -> Iterator[_CsvRec
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield _CsvRecord(*feed.take(), error=str(exc))
+                rec = _CsvRecord(*feed.take(), error=str(exc))
             except _LineTooLarge as exc:
-                yield _CsvRecord(*feed.take(), too_large=(exc.line_no, exc.big))
+                rec = _CsvRecord(*feed.take(), too_large=(exc.line_no, exc.big))
             except _StreamBroken as exc:
                 yield _CsvRecord(*feed.take(), broken=(exc.line_no, exc.broken))
                 return
             else:
-                yield _CsvRecord(*feed.take(), fields=fields)
-                continue
-            reader = csv.reader(feed, delimiter=delimiter, strict=True)  # start clean after an error
+                rec = _CsvRecord(*feed.take(), fields=fields)
+            if split_multiline and rec.too_large is None and len(rec.lines) > 1:
+                feed.give_back(rec.lines[1:])
+                rec = _CsvRecord(rec.lines[:1], False, rec.refed, stray=True)
+            yield rec
+            if rec.fields is None:
+                reader = csv.reader(feed, delimiter=delimiter, strict=True)  # start clean after an error
 
 
 def _multiline_records(path: Path, delimiter: str, max_bytes: int, enough: int = 2) -> int:
@@ -121,6 +144,15 @@ def _multiline_records(path: Path, delimiter: str, max_bytes: int, enough: int =
             if found >= enough:
                 break
     return found
+
+
+_STRAY = "a quoted field opened on this line runs on over the next lines (a stray quote?)"
+
+
+def _odd_quotes(lines: list[tuple[int, bytes]], quote: str) -> bool:
+    """A record whose lines hold an odd number of quotes cannot stand alone: it closes a
+    quote that an earlier line opened (read alone, the quote counts as text)."""
+    return sum(line.count(quote.encode()) for _, line in lines) % 2 == 1
 
 
 def _line_rows(position: int, lines: list[tuple[int, bytes]], reason: str, detail: str) -> list[Row]:
@@ -161,15 +193,17 @@ def read_csv(path: Path, source: str, delimiter: str, max_bytes: int) -> Iterato
     """CSV/TSV rows as dicts keyed by the header, read with strict quoting.
 
     A record that cannot be trusted - a quoting error, a quoted field still open at the
-    end of the file, the wrong number of fields, or a line break inside a field when no
-    other record in the file has one (a stray quote that swallowed the next rows) - is
-    rejected as ``malformed_csv`` one physical line at a time: no merged row is ever kept.
+    end of the file, the wrong number of fields - is rejected as ``malformed_csv`` one
+    physical line at a time: no merged row is ever kept. Where no other record in the file
+    spans lines, a record that does is a stray quote: only its first line is rejected, and
+    the lines it swallowed are read again as rows (one closing the quote, with an odd number
+    of quotes, is rejected too).
     """
     multiline_ok = _multiline_records(path, delimiter, max_bytes) >= 2
     header: list[str] | None = None
     header_problem: str | None = None
     position = 0
-    for rec in _csv_records(path, delimiter, max_bytes):
+    for rec in _csv_records(path, delimiter, max_bytes, split_multiline=not multiline_ok):
         rows: list[Row] = []
         if rec.broken is not None:
             line_no, broken = rec.broken
@@ -185,7 +219,8 @@ def read_csv(path: Path, source: str, delimiter: str, max_bytes: int) -> Iterato
                 header = _unique([_header_name(h) for h in rec.fields])
                 continue
             header_problem = (f"the header ({_span(rec.lines)}) is not valid CSV "
-                              f"({rec.error or 'a line over the size limit'}); the file cannot be read")
+                              f"({_STRAY if rec.stray else rec.error or 'a line over the size limit'}); "
+                              "the file cannot be read")
             rows = _line_rows(position, rec.lines[1:], "malformed_csv", header_problem)
         elif header_problem is not None:
             rows = _line_rows(position, rec.lines, "malformed_csv", header_problem)
@@ -197,6 +232,9 @@ def read_csv(path: Path, source: str, delimiter: str, max_bytes: int) -> Iterato
             rows = _line_rows(position, rec.lines, "malformed_csv", f"part of a record cut by the oversized line {line_no}")
             rows.append((position + len(rows), None, "record_too_large", big.detail(f"line {line_no}", max_bytes),
                          big.raw()))
+        elif rec.stray:
+            rows = _line_rows(position, rec.lines, "malformed_csv", f"{_STRAY}; the lines after it are read as "
+                              "rows of their own (no other record in the file spans lines)")
         elif rec.error is not None:
             if "unexpected end of data" in rec.error:
                 detail = (f"a quoted field opened on line {rec.lines[0][0] if rec.lines else '?'} never closes; "
@@ -209,7 +247,10 @@ def read_csv(path: Path, source: str, delimiter: str, max_bytes: int) -> Iterato
             if rec.blank():
                 continue
             fields = rec.fields
-            if len(rec.lines) > 1 and (len(fields) != len(header) or not multiline_ok):
+            if rec.refed and _odd_quotes(rec.lines, quote='"'):
+                rows = _line_rows(position, rec.lines, "malformed_csv", "an odd number of quotes, right after a "
+                                  "stray quote: this line may close a field opened on an earlier line")
+            elif len(rec.lines) > 1 and (len(fields) != len(header) or not multiline_ok):
                 why = (f"has {len(fields)} fields, the header {len(header)}" if len(fields) != len(header)
                        else "is the only record in the file with a line break inside a field")
                 rows = _line_rows(position, rec.lines, "malformed_csv",
