@@ -82,10 +82,14 @@ def train_report_command(args: argparse.Namespace) -> int:
 
 
 def _run_settings(run: Path, resume: bool) -> dict[str, Any]:
+    from dataguard.io.safe_files import LinkRefused, find_link
     from dataguard.train.checkpoint import latest_checkpoint, newest_intact_checkpoint
 
     if not resume:
         raise CliError(f"{run} is a folder: pass a config file, or --resume to continue that run")
+    link = find_link(run)  # its settings would be read through the link
+    if link is not None:
+        raise CliError(str(LinkRefused(link)), EXIT_FAILED)
     if latest_checkpoint(run) is None:
         raise CliError(f"{run}: no complete checkpoint to resume from")
     latest = newest_intact_checkpoint(run)  # the run itself names any damaged one it skips
