@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from collections.abc import Iterable, Mapping
@@ -32,15 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dataguard.io.readers import file_sha256
 from dataguard.io.safe_files import disk_full, no_space_error, write_atomic
+from dataguard.train.rng import capture_rng, restore_rng  # noqa: F401 - restore_rng: callers import it here
 from dataguard.train.weights import load_state_into
 
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
+VERIFIED = "VERIFIED"  # written once the guard verified the checkpoint's state (dataguard.train.guard)
 SAVING = ".saving"  # the name of the temp folder a save is writing, written before the folder
 _NAME = re.compile(r"^step-(\d{6,})$")
 _TMP_NAME = re.compile(r"^step-\d{6,}\.tmp-\d+$")
@@ -63,32 +63,6 @@ class LoadedCheckpoint:
     history: list[dict[str, Any]]
     label_map: dict[str, Any] | None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-# ------------------------------------------------------------------------------------ RNG
-def capture_rng() -> dict[str, Any]:
-    """Python, numpy, torch CPU (and CUDA when present) generator states, weights_only-safe."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Put back what `capture_rng` took."""
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ---------------------------------------------------------------------------------- saving
@@ -135,13 +109,18 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
                     rng: Mapping[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
                     label_map: Mapping[str, Any] | None = None, cfg: Mapping[str, Any] | None = None, *,
                     tokenizer: Any = None, extra: Mapping[str, Any] | None = None, keep: int | None = None,
-                    protect: Iterable[str] = ()) -> Path:
+                    protect: Iterable[str] = (), weight_bound: float | None = None) -> Path:
     """Write ``step-<step>/`` atomically; rotate to ``keep`` (never the newest nor ``protect``)."""
     bad = _nonfinite(model.state_dict().items())
     opt_state = optimizer.state_dict()
     bad = bad or _nonfinite(_optimizer_tensors(opt_state))
     if bad:
         raise CheckpointError(f"refusing to write checkpoint step {step}: {bad} is not finite")
+    if weight_bound is not None:
+        for name, value in model.state_dict().items():
+            if value.is_floating_point() and value.numel() and float(value.abs().max()) > weight_bound:
+                raise CheckpointError(f"refusing to write checkpoint step {step}: max |{name}| "
+                                      f"{float(value.abs().max()):.4g} is above the weight bound {weight_bound:g}")
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -245,6 +224,30 @@ def checkpoint_damage(path: str | Path) -> str | None:
     return None
 
 
+def is_verified(path: str | Path) -> bool:
+    return (Path(path) / VERIFIED).is_file()
+
+
+def mark_verified(run_dir: str | Path, step: int, detail: str) -> Path | None:
+    """Mark the checkpoint of ``step`` (if there is one) as a verified state."""
+    path = checkpoint_dir(run_dir) / f"step-{step:06d}"
+    if not (path / COMPLETE).is_file():
+        return None
+    write_atomic(path / VERIFIED, detail.strip() + "\n")
+    return path
+
+
+def resume_checkpoint(run_dir: str | Path, warn: Any = None) -> tuple[Path | None, bool]:
+    """(the checkpoint a resume takes, whether it is verified): the newest intact verified
+    one, else the newest intact one (a run stopped before any state was verified)."""
+    intact = [p for p in reversed(complete_checkpoints(run_dir)) if checkpoint_damage(p) is None]
+    newest_intact_checkpoint(run_dir, warn)  # names the damaged ones
+    for path in intact:
+        if is_verified(path):
+            return path, True
+    return (intact[0], False) if intact else (None, False)
+
+
 def newest_intact_checkpoint(run_dir: str | Path, warn: Any = None) -> Path | None:
     """The newest complete checkpoint whose files match their sha256 sums; each newer damaged
     one is named through ``warn`` (a callable taking one line) and skipped."""
@@ -265,6 +268,9 @@ def rotate(run_dir: str | Path, keep: int, *, protect: Iterable[str] = ()) -> li
     keep_names = {p.name for p in done[-keep:]} | {Path(p).name for p in protect if p}
     if done:
         keep_names.add(done[-1].name)
+    verified = [p for p in done if is_verified(p)]
+    if verified:  # the state a resume or a rollback would go back to
+        keep_names.add(verified[-1].name)
     removed = [p for p in done if p.name not in keep_names]
     root = checkpoint_dir(run_dir)
     for child in root.iterdir() if root.is_dir() else ():

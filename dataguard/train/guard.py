@@ -9,21 +9,38 @@ Detection (per optimizer step, before the update is applied):
   the median so a flat window does not turn noise into spikes;
 - weights above ``weight_bound`` (checked after the update, on monitor steps).
 
+Rollback targets are *verified* states. A snapshot (taken every ``snapshot_every`` steps and
+at every checkpoint, only after a clean step and only with every weight finite and within
+``weight_bound``) is first *pending*; it becomes the rollback target once ``verify_steps``
+applied steps after it passed without an anomaly, or sooner when an evaluation after it
+stays within ``worse_than_best`` of the best evaluation. An anomaly while a snapshot is
+pending discards it: the state may already hold the update that caused the anomaly (an lr
+spike shows in the loss only on the next step). The state the run starts from (the model as
+loaded, or the verified checkpoint a resume took) is verified by definition. A checkpoint
+whose snapshot is verified gets a ``VERIFIED`` marker (`dataguard.train.checkpoint`);
+``--resume`` and rollbacks use only verified states.
+
 Response ladder: every anomaly skips its step (no optimizer update, no scheduler step).
 When ``max_anomalies`` anomalies fall within ``anomaly_window`` steps, the guard rolls back
-to the last good in-memory snapshot (taken every ``snapshot_every`` steps and at every
-checkpoint, only from a clean state): weights, optimizer, scheduler and scaler come back,
-the lr is multiplied by ``lr_backoff`` (cumulative), global clipping is tightened to
+to the newest verified snapshot: weights, optimizer and scaler come back, the scheduler
+stays where the loop is (so the schedule still anneals to ``min_lr`` at the last step), the
+lr is multiplied by ``lr_backoff`` (cumulative), global clipping is tightened to
 ``recovery_clip`` for ``recovery_steps`` steps and the Adam moments are reset (zeroed, with
-their step counters, so Adam's bias correction restarts them cleanly; a freeze of the moments
-over a number of steps is not offered). The data does not rewind: the batches since the snapshot, the
-offending ones among them, are not seen again. After ``max_rollbacks`` rollbacks the next
-trigger stops the run with a diagnosis (`diagnosis.json`) and `TrainDiverged`.
+their step counters, so Adam's bias correction restarts them cleanly). The data does not
+rewind: the batches since the snapshot, the offending ones among them, are not seen again.
+After ``max_rollbacks`` rollbacks the next trigger stops the run with a diagnosis
+(`diagnosis.json`) and `TrainDiverged`.
+
+fp16: a step the GradScaler skips (an overflow) is normal while the scale settles; it
+becomes an anomaly once ``fp16_skips_in_a_row`` steps in a row were skipped or the scale
+fell below ``fp16_min_scale``, so a real fp16 divergence rolls back and stops like bf16/fp32.
+
+Snapshots hold only what training changes: the trainable parameters (a LoRA adapter, not
+the frozen base) and buffers, on the device; the optimizer state is copied once.
 
 Every event goes to ``events.jsonl``. The guard's state (windows, anomaly steps, rollbacks,
-lr scale, recovery deadline, fired faults) is saved with each checkpoint so a resumed run
-takes the same decisions; the snapshot after a resume is the checkpoint it resumed from,
-which is what the uninterrupted run held too (a snapshot is taken at every checkpoint).
+lr scale, recovery deadline, the pending snapshot's clean-step count) is saved with each
+checkpoint so a resumed run takes the same decisions.
 """
 
 from __future__ import annotations
@@ -42,7 +59,10 @@ import torch
 from dataguard.io.safe_files import write_atomic
 from dataguard.train.jsonl_log import JsonlLog
 
-EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered")
+EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered", "verified")
+# Knobs added after the first release; a guard mapping saved by an older run lacks them.
+GUARD_KNOB_DEFAULTS: dict[str, Any] = {"verify_steps": 10, "worse_than_best": 0.1, "fp16_skips_in_a_row": 8,
+                                       "fp16_min_scale": 1.0}
 
 
 def robust_z(value: float, window: list[float]) -> float:
@@ -58,11 +78,15 @@ def robust_z(value: float, window: list[float]) -> float:
 
 @dataclass
 class Snapshot:
+    """A state the run can go back to; ``verified`` once it proved good (see the module doc)."""
+
     step: int
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     scheduler: dict[str, Any] | None
     scaler: dict[str, Any] | None
+    verified: bool = False
+    clean_steps: int = 0
 
 
 @dataclass
@@ -96,9 +120,12 @@ class EventLog(JsonlLog):
 class Guard:
     """The response ladder's state and decisions (the loop applies them)."""
 
-    def __init__(self, knobs: Mapping[str, Any], max_grad_norm: float) -> None:
-        self.k = dict(knobs)
+    def __init__(self, knobs: Mapping[str, Any], max_grad_norm: float, warmup_steps: int = 0) -> None:
+        self.k = {**GUARD_KNOB_DEFAULTS, **dict(knobs)}
         self.max_grad_norm = float(max_grad_norm)
+        self.warmup_steps = int(warmup_steps)  # their fast-falling losses never enter the windows
+        self.pending: Snapshot | None = None
+        self.skips_in_a_row = 0
         self.loss_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
         self.gnorm_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
         self.anomaly_steps: list[int] = []
@@ -111,7 +138,7 @@ class Guard:
 
     # ------------------------------------------------------------------ detection
     def _min_history(self) -> int:
-        return max(10, int(self.k["zscore_window"]) // 5)
+        return max(5, int(self.k["zscore_window"]) // 2)
 
     def check(self, step: int, loss: float, grad_norm: float, finite: bool,
               bad_layers: list[str]) -> Verdict:
@@ -148,8 +175,8 @@ class Guard:
 
     def _escalate(self, v: Verdict) -> None:
         """Roll back, or stop once ``max_rollbacks`` rollbacks have been spent."""
-        if self.rollbacks >= int(self.k["max_rollbacks"]):
-            v.stop = True
+        if self.rollbacks >= int(self.k["max_rollbacks"]) or self.snapshot is None:
+            v.stop = True  # no rollbacks left, or no verified state to go back to
         else:
             v.rollback = True
 
@@ -164,11 +191,57 @@ class Guard:
             self._escalate(v)
         return v
 
-    def accept(self, loss: float, grad_norm: float) -> None:
-        """An applied step: its loss and gradient norm join the trailing windows."""
+    def scaler_skipped(self, step: int, scale: float) -> Verdict:
+        """An fp16 step the GradScaler skipped: normal while the scale settles, an anomaly
+        after ``fp16_skips_in_a_row`` in a row or below ``fp16_min_scale``."""
+        self.skips_in_a_row += 1
+        v = Verdict()
+        if self.skips_in_a_row >= int(self.k["fp16_skips_in_a_row"]) or scale < float(self.k["fp16_min_scale"]):
+            v.anomalies.append({"cause": "fp16_overflow", "layer": None,
+                                "detail": f"{self.skips_in_a_row} fp16 steps skipped in a row, loss scale {scale:g}"})
+        return self._respond(step, v)
+
+    def accept(self, loss: float, grad_norm: float, step: int | None = None) -> None:
+        """An applied step: its loss and gradient norm join the trailing windows (warmup
+        steps excluded: their fast-falling losses would widen the band for the rest)."""
+        self.skips_in_a_row = 0
+        if step is not None and step <= self.warmup_steps:
+            return
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.loss_window.append(float(loss))
             self.gnorm_window.append(float(grad_norm))
+
+    # ------------------------------------------------------------------ verification
+    def after_step(self, applied: bool, verdict: Verdict) -> Snapshot | None:
+        """Count a step against the pending snapshot: an anomaly discards it, the
+        ``verify_steps``-th clean applied step verifies it (returned, so the loop can mark
+        its checkpoint)."""
+        if self.pending is None:
+            return None
+        if verdict.anomalies or verdict.rollback or verdict.stop:
+            self.pending = None
+            return None
+        if applied:
+            self.pending.clean_steps += 1
+            if self.pending.clean_steps >= int(self.k["verify_steps"]):
+                return self._verify()
+        return None
+
+    def after_eval(self, eval_loss: float, best: float | None) -> Snapshot | None:
+        """An evaluation after the pending snapshot within ``worse_than_best`` of the best
+        verifies it sooner."""
+        if self.pending is None or not math.isfinite(eval_loss):
+            return None
+        if best is not None and eval_loss > best * (1.0 + float(self.k["worse_than_best"])):
+            return None
+        return self._verify()
+
+    def _verify(self) -> Snapshot | None:
+        snap, self.pending = self.pending, None
+        assert snap is not None
+        snap.verified = True
+        self.snapshot = snap
+        return snap
 
     # ------------------------------------------------------------------ recovery
     def clip_norm(self, step: int) -> float:
@@ -179,30 +252,46 @@ class Guard:
     def recovering(self, step: int) -> bool:
         return step <= self.recover_until
 
-    def take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
-        self.snapshot = Snapshot(
-            step=step, model={k: v.detach().clone() for k, v in model.state_dict().items()},
-            optimizer=copy.deepcopy(optimizer.state_dict()),
-            scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
-            scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None)
+    def take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any, *,
+                      verified: bool = False) -> bool:
+        """Snapshot the trainable state as pending (or as the verified target: the start of a
+        run); refused (False) when a weight is non-finite or above ``weight_bound``."""
+        tensors = trainable_state(model)
+        bound = float(self.k["weight_bound"])
+        for value in tensors.values():
+            if value.is_floating_point() and value.numel() and not bool(value.abs().max() <= bound):
+                return False  # NaN compares False too
+        if self.pending is not None and self.pending.step == step:
+            return True
+        snap = Snapshot(step=step, model=tensors, optimizer=copy.deepcopy(optimizer.state_dict()),
+                        scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
+                        scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
+                        verified=verified)
+        if verified:
+            self.snapshot, self.pending = snap, None
+        else:
+            self.pending = snap
+        return True
 
     def roll_back(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> int:
         """Restore the snapshot, back off the lr, tighten clipping, reset the moments.
         Returns the step the state was taken at."""
         snap = self.snapshot
-        assert snap is not None, "no snapshot to roll back to"
+        assert snap is not None and snap.verified, "no verified snapshot to roll back to"
         with torch.no_grad():
-            model.load_state_dict(snap.model)
+            state = model.state_dict(keep_vars=True)
+            for key, value in snap.model.items():
+                state[key].data.copy_(value)
+        lrs = [g["lr"] for g in optimizer.param_groups]  # the schedule stays where the loop is
         optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
         inner = getattr(optimizer, "optimizer", optimizer)
         inner.state.clear()  # reset the Adam moments (and their bias-correction counters)
-        if scheduler is not None and snap.scheduler is not None:
-            scheduler.load_state_dict(copy.deepcopy(snap.scheduler))
-            for g, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-                g["lr"] = lr
+        for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
         if scaler is not None and snap.scaler is not None:
             scaler.load_state_dict(copy.deepcopy(snap.scaler))
         optimizer.zero_grad(set_to_none=True)
+        self.pending = None
         self.rollbacks += 1
         self.lr_scale *= float(self.k["lr_backoff"])
         self.recover_until = step + int(self.k["recovery_steps"])
@@ -214,7 +303,10 @@ class Guard:
         return {"loss_window": list(self.loss_window), "gnorm_window": list(self.gnorm_window),
                 "anomaly_steps": list(self.anomaly_steps), "rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "recover_until": self.recover_until, "bad_rows": list(self.bad_rows),
-                "first_layer": self.first_layer}
+                "first_layer": self.first_layer, "skips_in_a_row": self.skips_in_a_row,
+                "verified_step": self.snapshot.step if self.snapshot is not None else None,
+                "pending": ({"step": self.pending.step, "clean_steps": self.pending.clean_steps}
+                            if self.pending is not None else None)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loss_window.extend(float(x) for x in state.get("loss_window", []))
@@ -225,6 +317,17 @@ class Guard:
         self.recover_until = int(state.get("recover_until", 0))
         self.bad_rows = list(state.get("bad_rows", []))
         self.first_layer = state.get("first_layer")
+        self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """Copies of what an optimizer step can change: trainable parameters and buffers (for
+    LoRA the adapter, not the frozen base: a snapshot of a 7B base would double its memory)."""
+    out = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        if not isinstance(value, torch.nn.Parameter) or value.requires_grad:
+            out[key] = value.detach().clone()
+    return out
 
 
 def write_diagnosis(run_dir: Path, step: int, cause: str, first_layer: str | None, rows: list[str],

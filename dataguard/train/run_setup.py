@@ -103,14 +103,19 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         raise TrainError(f"{run_dir} already has checkpoints (newest {latest.name}); resume with "
                          "--resume, or choose another output")
     if resume and latest is not None:
-        def damaged(line: str) -> None:
+        def note(line: str) -> None:
             echo(line)
             notes.append(line)
 
-        latest = ckpt_mod.newest_intact_checkpoint(run_dir, damaged)
+        latest, latest_verified = ckpt_mod.resume_checkpoint(run_dir, note)
         if latest is None:
             raise TrainError(f"{run_dir}: every checkpoint is damaged; nothing can be resumed safely "
                              "(start a new run in another folder)")
+        newest = ckpt_mod.latest_checkpoint(run_dir)
+        note(f"resuming from {latest.name}, the newest "
+                + ("verified checkpoint" + (f" (newer, not verified by the guard: {newest.name})"
+                                            if newest is not None and newest != latest else "")
+                   if latest_verified else "intact checkpoint (none was verified by the guard yet)"))
     if resume and latest is not None:
         check_resumable(cfg, run_dir, latest)
     if resume and latest is None:
@@ -179,7 +184,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     gvs = GradVarianceScaler() if cfg.grad_variance_scaling else None
     monitor = Monitor(raw_model)
-    guard = Guard(cfg.guard, cfg.max_grad_norm) if cfg.guard else None
+    guard = Guard(cfg.guard, cfg.max_grad_norm, warmup_steps=warmup) if cfg.guard else None
     plan = FaultPlan(cfg.faults)
     for f in plan.faults:
         if f.kind == "nan_grad" and f.layer is not None and f.layer not in monitor.layers:
@@ -211,8 +216,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     resumed_at = step if resume and latest is not None else None
     events = EventLog(run_dir if main else None, resume_step=resumed_at)
     hists = JsonlLog(run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
-    if guard is not None:
-        guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
+    if guard is not None:  # the start is verified: the model as loaded, or the verified checkpoint resumed
+        start_verified = latest is None or not resume or ckpt_mod.is_verified(latest)
+        guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler, verified=start_verified)
     if main and label_map is not None and not (run_dir / "label_map.json").exists():
         label_map.save(run_dir / "label_map.json")
     if rng_state is not None:
