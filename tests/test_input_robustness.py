@@ -132,3 +132,57 @@ def test_a_stray_csv_quote_costs_only_its_own_row(tmp_path: Path, closed_later: 
     assert [(r["reason"], r["detail"].split(":")[0]) for r in rejected] == [("malformed_csv", "line 6")]
     assert rejected[0]["record"] == 'Question 99?,"a broken answer'
     assert [row["messages"][0]["content"] for row in _kept_rows(tmp_path / "o")] == [f"Question {i}?" for i in range(8)]
+
+
+# ------------------------------------------------------------------ 4. other encodings, Arrow IPC files
+def _records(n: int) -> list[dict]:
+    return [{"instruction": f"Say {i} — twice, é 😀", "output": f"{i} {i}"} for i in range(n)]
+
+
+def _text(kind: str, rows: list[dict]) -> str:
+    if kind == "json":
+        return json.dumps(rows, ensure_ascii=False, indent=1)
+    if kind == "jsonl":
+        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    return "instruction,output\n" + "".join(f'"{row["instruction"]}",{row["output"]}\n' for row in rows)
+
+
+@pytest.mark.parametrize(("kind", "encoding"), [("json", "utf-16"), ("jsonl", "utf-16"), ("json", "utf-16-le"),
+                                                ("jsonl", "utf-16-be"), ("json", "utf-32"), ("csv", "utf-16")])
+def test_utf16_and_utf32_text_reads_as_the_utf8_file(tmp_path: Path, kind: str, encoding: str) -> None:
+    """"utf-16" and "utf-32" write a BOM; "-le"/"-be" none: the zero bytes tell."""
+    rows = _records(120)
+    (tmp_path / "utf8").mkdir()
+    (tmp_path / encoding).mkdir()
+    plain, other = tmp_path / "utf8" / f"in.{kind}", tmp_path / encoding / f"in.{kind}"
+    plain.write_text(_text(kind, rows), encoding="utf-8")
+    other.write_bytes(_text(kind, rows).encode(encoding))
+    assert _run(tmp_path / "utf8", plain, "o", batch_rows=50) == 0
+    assert _run(tmp_path / encoding, other, "o", workers=2, batch_rows=50) == 0
+    assert _rejected(tmp_path / encoding / "o") == []
+    assert [row["messages"][0]["content"] for row in _kept_rows(tmp_path / encoding / "o")] == \
+        [row["instruction"] for row in rows]
+    data = {name: out for name, out in _outputs(tmp_path / encoding / "o").items() if name.startswith("data/")}
+    assert data and data == {name: out for name, out in _outputs(tmp_path / "utf8" / "o").items()
+                             if name.startswith("data/")}
+
+
+def test_an_arrow_ipc_file_is_read(tmp_path: Path) -> None:
+    """Feather v2 (``write_feather``: the IPC *file* format, lz4-compressed) beside the IPC
+    stream format that ``datasets`` writes: the same rows, for 1 and 2 workers."""
+    import pyarrow.feather as feather
+
+    table = pa.Table.from_pylist(_records(130))
+    feather.write_feather(table, tmp_path / "in.arrow")
+    (tmp_path / "stream").mkdir()
+    with ipc.new_stream(tmp_path / "stream" / "in.arrow", table.schema) as writer:
+        writer.write_table(table)
+    assert _run(tmp_path / "stream", tmp_path / "stream" / "in.arrow", "o", batch_rows=50) == 0
+    runs = []
+    for workers in (1, 2):
+        assert _run(tmp_path, tmp_path / "in.arrow", f"o{workers}", workers=workers, batch_rows=50) == 0
+        runs.append({name: out for name, out in _outputs(tmp_path / f"o{workers}").items()
+                     if name.startswith("data/")})
+    assert runs[0] == runs[1] == {name: out for name, out in _outputs(tmp_path / "stream" / "o").items()
+                                  if name.startswith("data/")}
+    assert len(_kept_rows(tmp_path / "o1")) == 130 and _rejected(tmp_path / "o1") == []

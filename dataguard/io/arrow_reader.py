@@ -4,6 +4,7 @@ depth-checked from the Arrow data so no oversized or deeply nested row is built 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -208,7 +209,7 @@ def _load_dataset(spec: InputSpec, source: str) -> Any:
                          f"(no {', '.join(_DATASET_FILES)}); give a data file or a dataset saved with save_to_disk")
     try:
         if path.is_file():
-            return datasets.Dataset.from_file(str(path))
+            return _ipc_file_dataset(datasets, path) if _is_ipc_file(path) else datasets.Dataset.from_file(str(path))
         return datasets.load_from_disk(str(path))
     except Exception as exc:  # noqa: BLE001 - whatever `datasets` raises, the user gets one line
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -218,6 +219,28 @@ def _load_dataset(spec: InputSpec, source: str) -> Any:
 
 
 _DATASET_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
+IPC_FILE_MAGIC = b"ARROW1"
+
+
+def _is_ipc_file(path: Path) -> bool:
+    """An Arrow IPC *file* (Feather v2: what ``pyarrow.feather.write_feather`` writes) starts
+    with ``ARROW1``; ``datasets`` reads only the IPC *stream* format, which does not."""
+    with open(path, "rb") as f:
+        return f.read(len(IPC_FILE_MAGIC)) == IPC_FILE_MAGIC
+
+
+def _ipc_file_dataset(datasets: Any, path: Path) -> Any:
+    """An Arrow IPC file as a `datasets.Dataset` (memory-mapped where not compressed). Its
+    fingerprint is the file's stamp, so a worker refuses a file rewritten during the run as
+    it does a saved dataset (`dataguard.io.hf_split`)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    from datasets.table import InMemoryTable
+
+    st = path.stat()
+    table = ipc.open_file(pa.memory_map(str(path))).read_all()
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()
+    return datasets.Dataset(InMemoryTable(table), fingerprint=hashlib.sha256(stamp).hexdigest()[:16])
 
 
 def open_dataset(spec: InputSpec, source: str) -> Any:

@@ -215,12 +215,85 @@ def bounded_lines(f: BinaryIO, max_bytes: int, strip_bom: bool = True) -> Iterat
 
 
 def open_binary(path: Path) -> BinaryIO:
+    """The file's bytes (decompressed for ``.gz``), as UTF-8: a UTF-16 or UTF-32 text (see
+    `text_encoding`) is transcoded as it is read, so every reader sees the bytes it expects."""
     try:
         if path.name.lower().endswith(".gz"):
-            return gzip.open(path, "rb")  # type: ignore[return-value]
-        return open(path, "rb")
+            f: BinaryIO = gzip.open(path, "rb")  # type: ignore[assignment]
+        else:
+            f = open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        found = text_encoding(f.peek(4)[:4])  # type: ignore[attr-defined]
+    except READ_ERRORS:  # damaged at once: the reader reports it where it reads
+        found = None
+    return f if found is None else _Utf8Reader(f, *found)  # type: ignore[return-value]
+
+
+# (encoding, BOM length) by the BOM a file starts with; UTF-32 first: its LE BOM starts as UTF-16's
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe", "utf-16-le"),
+         (b"\xfe\xff", "utf-16-be"))
+BAD_TEXT = "dataguard-bad-text"  # decode errors become a byte that is not UTF-8: the row is rejected
+
+
+def text_encoding(head: bytes) -> tuple[str, int] | None:
+    """(encoding, BOM length) of a UTF-16 or UTF-32 text from its first 4 bytes; None for
+    anything else (UTF-8, or not text). Without a BOM, a JSON, JSON-lines or CSV text starts
+    with an ASCII character, whose zero bytes give the encoding away (as RFC 4627 notes)."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding, len(bom)
+    if len(head) < 4 or head.count(0) not in (2, 3):
+        return None
+    zeros = tuple(b == 0 for b in head)
+    return {(False, True, True, True): ("utf-32-le", 0), (True, True, True, False): ("utf-32-be", 0),
+            (False, True, False, True): ("utf-16-le", 0), (True, False, True, False): ("utf-16-be", 0)}.get(zeros)
+
+
+def _bad_text(exc: UnicodeError) -> tuple[str, int]:
+    """A code unit that is not text (a lone surrogate, an odd last byte): one escaped 0xff."""
+    assert isinstance(exc, UnicodeDecodeError)
+    return "\udcff", exc.end
+
+
+codecs.register_error(BAD_TEXT, _bad_text)
+
+
+class _Utf8Reader:
+    """A UTF-16/32 stream read as UTF-8 bytes, decoded incrementally (a code unit or a
+    surrogate pair may straddle two reads); what cannot be decoded comes out as a 0xff byte,
+    so that record is rejected as not UTF-8 like any other. Reads only; no seeking."""
+
+    def __init__(self, raw: BinaryIO, encoding: str, bom: int) -> None:
+        self.raw = raw
+        self.encoding = encoding
+        raw.read(bom)
+        self._decoder = codecs.getincrementaldecoder(encoding)(BAD_TEXT)
+        self._out = b""
+        self._eof = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._eof and (size < 0 or len(self._out) < size):
+            chunk = read_some(self.raw, READ_CHUNK_BYTES)
+            self._eof = not chunk
+            self._out += self._decoder.decode(chunk, final=self._eof).encode("utf-8", "surrogateescape")
+        if size < 0 or size >= len(self._out):
+            out, self._out = self._out, b""
+        else:
+            out, self._out = self._out[:size], self._out[size:]
+        return out
+
+    read1 = read
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __enter__(self) -> _Utf8Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def damage_error(path: Path, broken: Broken, where: str) -> ReadError:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.array_split import ArrayIndex, ArraySplit, array_splits, index_array
+from dataguard.io.bounded import text_encoding
 from dataguard.io.changes import Stamp, file_stamp
 from dataguard.io.hf_split import HfLayout, HfSplit, hf_layout, hf_splits
 from dataguard.io.json_readers import LineSplit
@@ -91,10 +92,21 @@ def split_kind(spec: InputSpec) -> str | None:
         return None
     path, reader = Path(spec.path), spec.resolved_reader()
     if reader in ("jsonl", "json"):
-        return reader if path.is_file() and not path.name.lower().endswith(".gz") else None
+        plain = path.is_file() and not path.name.lower().endswith(".gz") and _utf8(path)
+        return reader if plain else None
     if reader == "parquet":
         return reader if path.is_file() else None
     return reader if reader == "hf" else None
+
+
+def _utf8(path: Path) -> bool:
+    """False for a UTF-16/32 text: its readers transcode it as they go (`bounded.open_binary`),
+    so byte offsets of the file are not offsets of what they read; the driver reads it whole."""
+    try:
+        with open(path, "rb") as f:
+            return text_encoding(f.read(4)) is None
+    except OSError:  # the reader reports it
+        return True
 
 
 @dataclass(frozen=True)
