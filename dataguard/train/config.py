@@ -3,8 +3,9 @@
 A config is either a standalone YAML file of train keys, or a pipeline YAML with a
 ``train:`` section (then ``data`` defaults to the pipeline's ``output``). Every problem is
 one `dataguard.config.ConfigError` such as ``p.yaml:12: train.lr: must be a positive
-number, got -1``. Unknown keys are listed with the accepted ones. Relative paths are kept
-as written (taken from the working directory, like the pipeline's).
+number, got -1``; so is a bad value in the ``manifest.json`` of an existing ``data``
+folder (`dataguard.train.manifest_schema`). Unknown keys are listed with the accepted ones.
+Relative paths are kept as written (taken from the working directory, like the pipeline's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from dataguard.config import ConfigError, _Located, load_yaml_document
 from dataguard.train import config_checks as C
 from dataguard.train.config_checks import GUARD_DEFAULTS, Check, Path_
+from dataguard.train.errors import TrainDataError
+from dataguard.train.manifest_schema import preflight
 
 
 @dataclass
@@ -191,4 +194,15 @@ def load_train_config(source: str | Path | dict[str, Any], *,
                                               f"got {checked['min_lr']:g}")
     if checked.get("packing") and checked["task"] != "sft":
         raise loc.error(prefix + ("packing",), "packing applies to task sft only")
+    _check_manifest(checked["data"])
     return TrainConfig(**checked)
+
+
+def _check_manifest(data: str) -> None:
+    """The run folder's manifest.json against its typed schema, now: a hand-edited or
+    foreign manifest is refused like a bad config (one line naming manifest.json and the key
+    path), not minutes later inside training. A folder not made yet is checked when opened."""
+    try:
+        preflight(data)
+    except TrainDataError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,6 +1,7 @@
 """Reading a run for training: the manifest, the kept rows (sha256 checked), the row weights.
 
-`RunShards.open(folder)` reads ``manifest.json`` and the data shards it lists;
+`RunShards.open(folder)` reads ``manifest.json`` (checked against its typed schema,
+`dataguard.train.manifest_schema`) and the data shards it lists;
 `row_weights` / `row_repeat` apply and check THE WEIGHT RULE (see `dataguard.train.data`);
 `length_cap` finds the length stage's cap and `tokenizer_mismatch` warns when another
 tokenizer counted it.
@@ -8,7 +9,6 @@ tokenizer counted it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,14 @@ import pyarrow as pa
 from dataguard.io.readers import file_sha256
 from dataguard.io.writer import read_table
 from dataguard.train.errors import TrainDataError
+from dataguard.train.manifest_schema import (
+    MANIFEST,
+    ShardFacts,
+    check_manifest,
+    check_shards,
+    read_manifest,
+    table_labels,
+)
 
 WEIGHT_COLUMNS = ("sample_weight", "drift_weight")
 REPEAT_COLUMN = "repeat"
@@ -48,26 +56,16 @@ class RunShards:
         folder = Path(folder)
         if not folder.is_dir():
             raise TrainDataError(f"{folder}: no such run folder (run the pipeline first: dataguard run CONFIG)")
-        path = folder / "manifest.json"
-        if not path.is_file():
-            raise TrainDataError(f"{folder}: no manifest.json; not a finished pipeline run "
-                                 "(an interrupted run writes none)")
-        try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TrainDataError(f"{path}: unreadable manifest: {exc}") from None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict):
-            raise TrainDataError(f"{path}: not a dataguard manifest (no outputs section)")
-        counts = manifest.get("counts") or {}
-        if counts.get("balanced") is False:
+        manifest, text = read_manifest(folder)
+        path = folder / MANIFEST
+        check_manifest(manifest, path, text)  # typed: a bad value is one error naming its key path
+        if (manifest.get("counts") or {}).get("balanced") is False:
             raise TrainDataError(f"{path}: the run is unbalanced (rows in != kept + rejected); "
                                  "its outputs are not trustworthy, rerun the pipeline")
-        shards = manifest["outputs"].get("data")
-        if not isinstance(shards, list) or not shards:
-            raise TrainDataError(f"{path}: lists no data shards")
+        shards = manifest["outputs"]["data"]
         tables = []
         for entry in shards:
-            shard = folder / str(entry.get("path", ""))
+            shard = folder / entry["path"]
             if not shard.is_file():
                 raise TrainDataError(f"{shard}: data shard listed in the manifest is missing")
             if entry.get("sha256") and file_sha256(shard) != entry["sha256"]:
@@ -85,6 +83,7 @@ class RunShards:
         for column in ("id", "messages"):
             if column not in table.column_names:
                 raise TrainDataError(f"{folder}: the shards have no {column!r} column")
+        check_shards(manifest, path, ShardFacts([t.num_rows for t in tables], table_labels(tables)), text)
         run = cls(folder=folder, manifest=manifest, table=table)
         row_weights(table)  # the weight rule's checks, at load
         row_repeat(table)
