@@ -432,6 +432,8 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any], str]:
         manifest = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TrainDataError(f"{path}: unreadable manifest: {exc}") from None
+    except RecursionError:  # nested deeper than any manifest: a hostile or broken file
+        raise TrainDataError(f"{path}: unreadable manifest: nested too deeply") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict):
         raise TrainDataError(f"{path}: not a dataguard manifest (no outputs section)")
     return manifest, text
@@ -450,7 +452,7 @@ def preflight(folder: str | Path) -> None:
     path = folder / MANIFEST
     check_manifest(manifest, path, text)
     facts = ShardFacts()
-    tables = []
+    labels = []
     for entry in manifest["outputs"]["data"]:
         try:
             table = read_table(folder / entry["path"])
@@ -458,6 +460,6 @@ def preflight(folder: str | Path) -> None:
             facts.rows.append(None)  # missing or unreadable: RunShards.open says so
             continue
         facts.rows.append(table.num_rows)
-        tables.append(table.select([c for c in table.column_names if c == LABEL_COLUMN]))
-    facts.labels = table_labels(tables)
+        labels.append(table.select([c for c in table.column_names if c == LABEL_COLUMN]))
+    facts.labels = table_labels(labels) if class_state(manifest) is not None else None
     check_shards(manifest, path, facts, text)
