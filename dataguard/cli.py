@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                           "auto-detected; named by file name). Inputs that a stage refers to by name, such as "
                           "an overlap stage's validation_sources, are kept: the validation split stays")
     run.add_argument("--output", help="output folder (overrides `output:` in the config)")
-    run.add_argument("--report", help="HTML report path (default: the config's `report:`, else OUTPUT/audit.html)")
+    run.add_argument("--report", help="HTML report path (default: the config's `report:` if it is absolute or "
+                                      "--output is not given, else OUTPUT/audit.html)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML audit report")
     run.add_argument("--workers", type=_positive_int, help="worker processes (default: config, else all cores)")
     run.add_argument("--executor", choices=("local", "ray"), help="where units run (overrides the config)")
@@ -88,9 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="pipeline YAML with a `train:` section, or a train YAML; with --resume "
                                       "also a run folder (its saved settings are used)")
     train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    train.add_argument("--data", help="pipeline output folder to train on (overrides `data:`, which defaults to "
+                                      "the pipeline's `output:`)")
     train.add_argument("--output", help="run folder for checkpoints and metrics (overrides `output:`)")
     train.add_argument("--max-steps", type=_positive_int, help="optimizer steps (overrides `max_steps:`)")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--quiet", action="store_true",
+                       help="no progress bar (on a terminal) or progress lines (every `log_every` steps otherwise)")
 
     convert = sub.add_parser("convert", help="write a plain model folder from a run or checkpoint (LoRA merged)")
     convert.add_argument("source", help="run folder (its newest complete checkpoint) or a checkpoint folder")
@@ -170,10 +174,25 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(f"run failed: {exc}", EXIT_FAILED) from None
     _print_result(result, output)
     if not args.no_report and config.report is not False:
-        html = Path(args.report) if args.report else (config.report if isinstance(config.report, Path)
-                                                       else None)
-        print(f"report:   {build_report(output, html)}")
+        print(f"report:   {build_report(output, _report_path(args, config.report, config.output, output))}")
     return 0
+
+
+def _report_path(args: argparse.Namespace, configured: Path | bool | None, config_output: Path | None,
+                 output: Path) -> Path | None:
+    """--report, else the config's `report:`, else None (OUTPUT/audit.html). A relative
+    `report:` belongs with the config's own `output:`: when --output sends the run elsewhere,
+    the report goes with it (OUTPUT/audit.html) instead of over the checkout's reports/."""
+    if args.report:
+        return Path(args.report)
+    if not isinstance(configured, Path):
+        return None
+    moved = config_output is None or output.resolve() != config_output.resolve()
+    if args.output and moved and not configured.is_absolute():
+        print(f"dataguard: note: --output {output}: the report goes to {output / 'audit.html'}, not to the "
+              f"config's {configured} (pass --report to choose)", file=sys.stderr)
+        return None
+    return configured
 
 
 def _check_inputs(paths: list[str]) -> None:

@@ -16,10 +16,14 @@ from dataguard.cli_common import EXIT_FAILED, CliError, check_output
 def train_command(args: argparse.Namespace) -> int:
     from dataguard.config import ConfigError
     from dataguard.train.config import load_train_config
+    from dataguard.train.metrics_log import step_lines
+    from dataguard.train.prepare import absolute_paths, preflight
 
     overrides: dict[str, Any] = {}
     if args.output:
         overrides["output"] = args.output
+    if args.data:
+        overrides["data"] = args.data
     if args.max_steps:
         overrides["max_steps"] = args.max_steps
     source: Any = args.config
@@ -30,17 +34,30 @@ def train_command(args: argparse.Namespace) -> int:
         cfg = load_train_config(source, overrides=overrides or None)
     except ConfigError as exc:
         raise CliError(f"config error: {exc}") from None
-    check_output(Path(cfg.output))
+    absolute_paths(cfg)  # run.json and checkpoints name the folders from anywhere (resume elsewhere)
+    run_dir = Path(cfg.output)
+    check_output(run_dir)
+    if not Path(cfg.data).is_dir():  # before the run folder is claimed: a failed start leaves none
+        raise CliError(f"no pipeline output at {cfg.data} (run `dataguard run CONFIG` first, or pass --data)")
+    try:
+        preflight(cfg)  # device, precision, model folder: before any shard is read
+    except _train_errors() as exc:
+        raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
     from dataguard.train.loop import Trainer
 
     trainer = Trainer(cfg, progress=not args.quiet and sys.stderr.isatty(), echo=print)
+    made = _first_missing(run_dir)
     try:
-        with _one_line_warnings():
+        with _one_line_warnings(), step_lines(not args.quiet):
             result = trainer.fit(resume=args.resume)
-    except _train_errors() as exc:
-        if (Path(cfg.output) / "metrics.jsonl").is_file():  # a stopped run's page says why
+    except BaseException as exc:
+        if made is not None:  # a start that failed before writing anything leaves no folder behind
+            _remove_if_unused(run_dir, made)
+        if not isinstance(exc, _train_errors()):
+            raise
+        if (run_dir / "metrics.jsonl").is_file():  # a stopped run's page says why
             with contextlib.suppress(CliError):
-                print(f"report:     {_build_training_report(Path(cfg.output))}")  # stderr stays one line
+                print(f"report:     {_build_training_report(run_dir)}")  # stderr stays one line
         raise CliError(f"train failed: {exc}", EXIT_FAILED) from None
     last = f"  loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     print(f"steps {result.steps}/{result.total_steps}{last}  skipped {result.skipped_steps}"
@@ -48,9 +65,38 @@ def train_command(args: argparse.Namespace) -> int:
     if result.last_eval:
         print("eval:       " + "  ".join(f"{k} {v:.4f}" for k, v in result.last_eval.items()))
     print(f"checkpoint: {result.checkpoint}")
-    print(f"metrics:    {Path(cfg.output) / 'metrics.jsonl'}")
-    print(f"report:     {_build_training_report(Path(cfg.output))}")
+    print(f"metrics:    {run_dir / 'metrics.jsonl'}")
+    print(f"report:     {_build_training_report(run_dir)}")
     return 0
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (None if ``path`` exists)."""
+    if path.exists() or path.is_symlink():
+        return None
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _remove_if_unused(run_dir: Path, made: Path) -> None:
+    """Remove the run folder this call created (and the parents it created) when it holds
+    nothing but the claim's marker and lock; anything else written there stays."""
+    from dataguard.io.output import LOCK, MARKER
+
+    with contextlib.suppress(OSError):
+        if not run_dir.is_dir() or run_dir.is_symlink():
+            return
+        if {p.name for p in run_dir.iterdir()} - {MARKER, LOCK}:
+            return
+        for name in (MARKER, LOCK):
+            (run_dir / name).unlink(missing_ok=True)
+        folder = run_dir
+        while True:
+            folder.rmdir()  # only ever an empty folder
+            if folder == made:
+                break
+            folder = folder.parent
 
 
 @contextlib.contextmanager

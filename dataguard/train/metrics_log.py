@@ -1,9 +1,14 @@
-"""The per-step metrics writer: ``metrics.jsonl`` and, when asked and installed, TensorBoard."""
+"""The per-step metrics writer: ``metrics.jsonl``, TensorBoard when asked and installed, and
+progress lines on stderr when no terminal shows the progress bar (CI, nohup, a pipe)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +20,16 @@ class MetricsLog:
     """metrics.jsonl (one object per line) and, when asked and installed, TensorBoard."""
 
     def __init__(self, run_dir: Path, tensorboard: bool, *, resume_step: int,
-                 warn: Callable[[str], None], enabled: bool = True) -> None:
+                 warn: Callable[[str], None], enabled: bool = True, total: int | None = None,
+                 log_every: int | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.fh: Any = None
         self.tb = None
+        self.lines: StepLines | None = None
         if not enabled:
             return
+        if total is not None and log_every is not None and _LINES["on"] and not _is_tty(sys.stderr):
+            self.lines = StepLines(total, log_every, resume_step)
         trim_jsonl(self.path, resume_step)  # drop what a killed run logged after its last checkpoint
         self.fh = open_nofollow(self.path, "a")
         if tensorboard:
@@ -36,6 +45,8 @@ class MetricsLog:
             return
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
+        if self.lines is not None:
+            self.lines.add(record)
         if self.tb is not None:
             step = record["step"]
             for key, value in record.items():
@@ -69,6 +80,79 @@ class MetricsLog:
             self.fh.close()
         if self.tb is not None:
             self.tb.close()
+
+
+class StepLines:
+    """One line on stderr every ``log_every`` optimizer steps (and at the last): step/total,
+    loss, lr, grad norm, tokens/s and ETA since the previous line; one per evaluation. For
+    runs nobody watches on a terminal (CI logs, nohup.out), where a tqdm bar is one endless
+    line of carriage returns."""
+
+    def __init__(self, total: int, every: int, start_step: int) -> None:
+        self.total, self.every, self.start_step = total, every, start_step
+        self.started = self.last_time = time.perf_counter()
+        self.tokens = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", 0))
+        if "loss" not in record:  # an evaluation: its own line
+            evals = "  ".join(f"{k[5:]} {v:.4f}" for k, v in record.items()
+                              if k.startswith("eval_") and isinstance(v, int | float))
+            if evals:
+                _emit(f"eval  step {step}/{self.total}  {evals}")
+            return
+        self.tokens += int(record.get("tokens") or 0)
+        if step % self.every and step != self.total:
+            return
+        now = time.perf_counter()
+        rate = self.tokens / max(now - self.last_time, 1e-9)
+        done = step - self.start_step
+        eta = (now - self.started) / done * (self.total - step) if done > 0 else math.nan
+        skipped = "  skipped" if record.get("skipped") else ""
+        _emit(f"train step {step}/{self.total}  loss {_num(record.get('loss'), '.4f')}  "
+              f"lr {_num(record.get('lr'), '.2e')}  grad-norm {_num(record.get('grad_norm'), '.3g')}  "
+              f"tok/s {rate:,.0f}  eta {_duration(eta)}{skipped}")
+        self.tokens, self.last_time = 0, now
+
+
+_LINES = {"on": True}
+
+
+@contextlib.contextmanager
+def step_lines(enabled: bool) -> Iterator[None]:
+    """Turn the stderr progress lines on or off for runs started inside (``--quiet``)."""
+    before = _LINES["on"]
+    _LINES["on"] = enabled
+    try:
+        yield
+    finally:
+        _LINES["on"] = before
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed stream
+        return False
+
+
+def _emit(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # a closed or full stderr must not stop training
+        print(line, file=sys.stderr, flush=True)
+
+
+def _num(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s``, ``42s``; ``?`` before anything was timed."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def progress_bar(total: int, start: int) -> Any:

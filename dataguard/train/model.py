@@ -12,6 +12,7 @@ reason). The kind of a parameter is read from its name, which covers Llama/Qwen/
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import warnings
@@ -64,11 +65,8 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
         tok = AutoTokenizer.from_pretrained(tiny.minilm_path(), local_files_only=True)
         model = tiny.tiny_classifier(len(id2label), vocab_size=len(tok), seed=seed, id2label=id2label)
         return model, tok
-    path = Path(tiny.minilm_path()) if spec == MINILM else Path(spec).expanduser()
-    if not path.is_dir():
-        raise ModelError(f"model {spec!r}: not a folder and not one of {TINY_CAUSAL}, {TINY_CLASSIFIER}, {MINILM}")
-    if not (path / "config.json").is_file():
-        raise ModelError(f"model {spec!r}: no config.json in {path} (expected a Hugging Face model folder)")
+    path = Path(tiny.minilm_path()) if spec == MINILM else check_model(task, spec)
+    assert path is not None  # built-in names returned above
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     with torch.random.fork_rng(devices=[]), quiet_transformers():  # a fresh head's init must not move the caller's RNG
         torch.manual_seed(seed)
@@ -86,6 +84,38 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
     if getattr(model.config, "pad_token_id", None) is None and tok.pad_token_id is not None:
         model.config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def check_model(task: str, model_spec: str) -> Path | None:
+    """The model folder of ``model_spec`` (None for a built-in name), refused now if it cannot
+    be a Hugging Face model: no folder, no readable ``config.json``, a tokenizer missing, or a
+    built-in of the other task. Cheap, so a run checks it before reading its shards."""
+    spec = str(model_spec)
+    if spec in (TINY_CAUSAL, TINY_CLASSIFIER, MINILM):
+        if spec == TINY_CAUSAL and task == "classify":
+            raise ModelError(f"{TINY_CAUSAL} is a causal LM; use {TINY_CLASSIFIER} or {MINILM} for classify")
+        if spec == TINY_CLASSIFIER and task == "sft":
+            raise ModelError(f"{TINY_CLASSIFIER} is a classifier; use {TINY_CAUSAL} for sft")
+        return None
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ModelError(f"model {spec!r}: not a folder and not one of {TINY_CAUSAL}, {TINY_CLASSIFIER}, {MINILM}")
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelError(f"model {spec!r}: no config.json in {path} (expected a Hugging Face model folder)")
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelError(f"model {spec!r}: unreadable {config} ({exc})") from None
+    if not isinstance(settings, dict) or not settings.get("model_type"):
+        raise ModelError(f"model {spec!r}: {config} has no model_type (expected a Hugging Face model config)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(f"model {spec!r}: no tokenizer in {path} (expected one of {', '.join(TOKENIZER_FILES)})")
+    return path
+
+
+# Any one of them lets AutoTokenizer load a folder (fast, sentencepiece, WordPiece, BPE).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt", "vocab.json")
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
-"""Setting up a run: the resume check, encoding the split, class tensors, the accelerator, run.json."""
+"""Setting up a run: the checks made before any work, the thread count, the resume check,
+encoding the split, class tensors, the accelerator, run.json."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import torch
 
 from dataguard.io.safe_files import write_atomic
 from dataguard.train.config import TrainConfig
+from dataguard.train.config_checks import BUILTIN_MODELS
 from dataguard.train.data import (
     Encoded,
     LabelMap,
@@ -25,7 +28,7 @@ from dataguard.train.data import (
     tokenizer_mismatch,
 )
 from dataguard.train.errors import TrainError
-from dataguard.train.model import describe_groups, groups_record
+from dataguard.train.model import check_model, describe_groups, groups_record
 
 # Settings that decide the schedule, the data order or the parameters: a resume must keep them.
 RESUME_KEYS = ("task", "model", "data", "seed", "precision", "batch_size", "grad_accum", "max_steps", "epochs",
@@ -33,6 +36,104 @@ RESUME_KEYS = ("task", "model", "data", "seed", "precision", "batch_size", "grad
                "max_length", "packing", "eval_fraction", "curriculum", "curriculum_unit", "curriculum_boundaries")
 
 Warn = Callable[[str], None]
+PATH_KEYS = ("data", "output", "model")  # recorded absolute; compared as paths on resume
+
+
+def absolute_paths(cfg: TrainConfig) -> None:
+    """Make ``data``, ``output`` and a model folder absolute, in place: the settings saved in
+    run.json and each checkpoint then name the same folders from any working directory, so
+    `dataguard train RUN --resume` works wherever it is typed."""
+    cfg.data = os.path.abspath(os.path.expanduser(cfg.data))
+    cfg.output = os.path.abspath(os.path.expanduser(cfg.output))
+    if cfg.model not in BUILTIN_MODELS and Path(cfg.model).expanduser().is_dir():
+        cfg.model = os.path.abspath(os.path.expanduser(cfg.model))
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """The cheap refusals (device, precision, model folder), before shards are read or
+    tokenized: a wrong setting costs a second, not the encoding of the whole run."""
+    on_cpu = check_device(cfg)
+    if cfg.precision == "fp8":
+        check_fp8(cfg, on_cpu)
+    check_model(cfg.task, cfg.model)
+
+
+def check_device(cfg: TrainConfig) -> bool:
+    """Refuse a device / precision this machine cannot run; True when the run is on CPU."""
+    cuda = torch.cuda.is_available()
+    if cfg.device == "cuda" and not cuda:
+        raise TrainError("device: cuda, but torch sees no CUDA device (use device: auto or cpu)")
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not cuda)
+    if cfg.precision == "fp16" and on_cpu:
+        raise TrainError("precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
+    return on_cpu
+
+
+# ---------------------------------------------------------------------------- threads
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # cgroup v2 (a test points it elsewhere)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota
+    (a container's `--cpus 2` on a 64-core host leaves 64 CPUs in the mask)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, quota) if quota is not None else cpus)
+
+
+def cgroup_cpu_quota() -> int | None:
+    """Whole CPUs allowed by ``cpu.max`` of this process's cgroup or any parent (the
+    smallest), or None when no quota is set or cgroup v2 is not mounted."""
+    folder = CGROUP_ROOT / _own_cgroup().lstrip("/")
+    limits: list[int] = []
+    for probe in (folder, *folder.parents):
+        try:
+            quota, period = (probe / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                limits.append(max(1, int(int(quota) / int(period))))
+        except (OSError, ValueError):
+            pass
+        if probe == CGROUP_ROOT:
+            break
+    return min(limits) if limits else None
+
+
+def _own_cgroup() -> str:
+    """This process's cgroup v2 path (``0::/...`` in /proc/self/cgroup), or ``/``."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    return next((line.split("::", 1)[1].strip() for line in lines if line.startswith("0::")), "/")
+
+
+def choose_threads(cfg: TrainConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
+    """The CPU math threads of this run and why (recorded in run.json).
+
+    torch's default is every core of the machine, whatever this process may use: on a loaded
+    2-core box or in a CPU-limited container it oversubscribes and a step gets several times
+    slower. Unset ``threads`` therefore takes the usable CPUs divided by the processes of
+    this machine (``LOCAL_WORLD_SIZE`` under torchrun / accelerate). Float sums may round
+    differently with another count, so a resumed run keeps the count its run.json recorded.
+    """
+    if cfg.threads is not None:
+        return {"count": cfg.threads, "from": "config"}
+    if resume:
+        try:
+            saved = json.loads((run_dir / "run.json").read_text()).get("threads") or {}
+            if isinstance(saved.get("count"), int) and saved["count"] >= 1:
+                return {"count": saved["count"], "from": "resumed run"}
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    cpus = usable_cpus()
+    return {"count": max(1, cpus // local), "from": f"{cpus} usable CPUs / {local} local processes"}
 
 
 def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path) -> None:
@@ -43,10 +144,16 @@ def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path) -> None:
         raise TrainError(f"{latest}: unreadable state.json ({exc})") from None
     mine = cfg.to_dict()
     changed = [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
-               if k in saved and saved[k] != mine.get(k)]
+               if k in saved and saved[k] != mine.get(k) and not _same_path(k, saved[k], mine.get(k))]
     if changed:
         raise TrainError(f"cannot resume {run_dir}: settings differ from its checkpoint "
                          f"({'; '.join(changed)}); use the same settings or a new output")
+
+
+def _same_path(key: str, saved: Any, mine: Any) -> bool:
+    """A run saved before paths were recorded absolute names the same folder relative to here."""
+    return (key in PATH_KEYS and isinstance(saved, str) and isinstance(mine, str)
+            and os.path.abspath(os.path.expanduser(saved)) == os.path.abspath(os.path.expanduser(mine)))
 
 
 def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: LabelMap | None,
@@ -107,14 +214,25 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper and newer have FP8 tensor cores
 
 
 def fp8_recipe(cfg: TrainConfig, on_cpu: bool) -> Any:
-    """accelerate's torchao FP8 recipe, after checking that this run can use it.
+    """accelerate's torchao FP8 recipe, after checking that this run can use it (`check_fp8`).
 
     torchao swaps the model's inner ``nn.Linear`` layers (both dimensions divisible by 16;
     the first and the last one stay in high precision) for float8 training layers with
-    dynamic scaling. On GPUs older than compute capability 8.9 there are no FP8 units, so
-    the run is refused rather than silently emulated; on CPU it runs emulated (useful to test
-    a configuration, never faster) with a warning.
+    dynamic scaling.
     """
+    check_fp8(cfg, on_cpu)
+    from accelerate.utils import AORecipeKwargs
+    from torchao.float8 import Float8LinearConfig
+
+    # plain weight tensors: the float8 all-gather wrapper (an FSDP2 optimisation) would replace
+    # the parameters the optimizer already holds, and safetensors cannot save it
+    return AORecipeKwargs(config=Float8LinearConfig(enable_fsdp_float8_all_gather=False))
+
+
+def check_fp8(cfg: TrainConfig, on_cpu: bool) -> None:
+    """Refuse fp8 without torchao, with LoRA, or on a GPU without FP8 units (older than
+    compute capability 8.9: refused rather than silently emulated); on CPU it runs emulated
+    (useful to test a configuration, never faster) with a warning."""
     try:  # (dataguard/__init__.py quiets torchao's kernel-load warnings)
         import torchao.float8  # noqa: F401
     except ImportError:
@@ -127,12 +245,6 @@ def fp8_recipe(cfg: TrainConfig, on_cpu: bool) -> Any:
         if (major, minor) < FP8_MIN_CAPABILITY:
             raise TrainError(f"precision fp8 needs a GPU with compute capability >= 8.9 (H100, L4, RTX 40xx); "
                              f"this one has {major}.{minor}: use bf16")
-    from accelerate.utils import AORecipeKwargs
-    from torchao.float8 import Float8LinearConfig
-
-    # plain weight tensors: the float8 all-gather wrapper (an FSDP2 optimisation) would replace
-    # the parameters the optimizer already holds, and safetensors cannot save it
-    return AORecipeKwargs(config=Float8LinearConfig(enable_fsdp_float8_all_gather=False))
 
 
 def fp8_layers(model: torch.nn.Module) -> tuple[int, int]:
@@ -146,12 +258,7 @@ def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import GradScalerKwargs
 
-    cuda = torch.cuda.is_available()
-    if cfg.device == "cuda" and not cuda:
-        raise TrainError("device: cuda, but torch sees no CUDA device (use device: auto or cpu)")
-    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not cuda)
-    if cfg.precision == "fp16" and on_cpu:
-        raise TrainError("precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
+    on_cpu = check_device(cfg)
     release_accelerator_state(cfg.precision)
     handlers: list[Any] = []
     if cfg.precision == "fp16":
@@ -179,11 +286,12 @@ def release_accelerator_state(precision: str) -> None:
 
 def write_summary(run_dir: Path, cfg: TrainConfig, notes: list[str], groups: list[dict[str, Any]],
                   lora: dict[str, Any] | None, split_source: str, enc: Encoded, val: Encoded | None, total: int,
-                  warmup: int, max_length: int | None, label_map: LabelMap | None, processes: int = 1) -> None:
-    """``param_groups.txt`` and ``run.json`` (the settings, sizes, split and notes of the run)."""
+                  warmup: int, max_length: int | None, label_map: LabelMap | None, processes: int = 1,
+                  threads: dict[str, Any] | None = None) -> None:
+    """``param_groups.txt`` and ``run.json`` (the settings, sizes, split, threads and notes of the run)."""
     write_atomic(run_dir / "param_groups.txt", describe_groups(groups) + "\n")
     summary = {"config": cfg.to_dict(), "total_steps": total, "warmup_steps": warmup,
-               "max_length": max_length, "processes": processes, "train_examples": len(enc), "val_examples": len(val) if val else 0,
+               "max_length": max_length, "processes": processes, "threads": threads, "train_examples": len(enc), "val_examples": len(val) if val else 0,
                "split": split_source, "dropped": enc.dropped, "param_groups": groups_record(groups),
                "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes}
     write_atomic(run_dir / "run.json", json.dumps(summary, indent=1, default=str) + "\n")

@@ -33,10 +33,12 @@ from dataguard.train.monitor import Monitor
 from dataguard.train.optim import GradVarianceScaler, build_optimizer, warmup_cosine, warmup_steps_for
 from dataguard.train.prepare import (
     check_resumable,
+    choose_threads,
     class_tensors,
     encode_split,
     fp8_layers,
     make_accelerator,
+    preflight,
     write_summary,
 )
 from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
@@ -87,11 +89,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
               warn: Callable[[str], None], notes: list[str]) -> RunSetup:
     """Seed, open the run's shards, build model/data/optimizer/accelerator and load the newest
     checkpoint when resuming; ``notes`` (the warnings so far) go to ``run.json``."""
-    if cfg.threads is not None:
-        # On a shared or small CPU, torch's default (all cores) can be 10x slower per step
-        # than one thread; float sums may round differently per setting, so keep it fixed
-        # across a resume (it is part of the saved settings).
-        torch.set_num_threads(cfg.threads)
+    preflight(cfg)  # device, precision, model folder: refused before any shard is read
+    threads = choose_threads(cfg, run_dir, resume)  # usable CPUs / local processes; kept on resume
+    torch.set_num_threads(threads["count"])
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2 ** 32)
     import random
@@ -211,8 +211,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         echo(f"resumed from {latest} at step {step}")
     if main:
         write_summary(run_dir, cfg, notes, groups, lora_record, split_source, enc, val, total, warmup,
-                      max_length, label_map, processes=world)
-    metrics = MetricsLog(run_dir, cfg.tensorboard and main, resume_step=step, warn=warn, enabled=main)
+                      max_length, label_map, processes=world, threads=threads)
+    metrics = MetricsLog(run_dir, cfg.tensorboard and main, resume_step=step, warn=warn, enabled=main,
+                         total=total, log_every=cfg.log_every)
     resumed_at = step if resume and latest is not None else None
     events = EventLog(run_dir if main else None, resume_step=resumed_at)
     hists = JsonlLog(run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
