@@ -327,3 +327,6 @@ def test_unreadable_manifest_is_a_config_error(cls_run, tmp_path, capsys):
     (run / "manifest.json").write_text(json.dumps([1, 2]))
     code, err = _cli(capsys, "train", str(_classify_yaml(tmp_path, run)))
     assert code == 2 and "not a dataguard manifest" in err
+    (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than json can parse
+    code, err = _cli(capsys, "train", str(_classify_yaml(tmp_path, run)))
+    assert code == 2 and err.endswith("manifest.json: unreadable manifest: nested too deeply")
