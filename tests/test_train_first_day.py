@@ -50,8 +50,9 @@ def _main(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str
     return code, out, err
 
 
-def _spec(folder: Path, extra: str = "", name: str = "train.yaml") -> Path:
+def _spec(folder: Path, extra: str = "", name: str = "train.yaml", data: Path | None = None) -> Path:
     """TRAIN with the ``key: value`` lines of ``extra`` added or replacing its own."""
+    extra = (f"data: {data}\n" if data is not None else "") + extra
     keys = {line.split(":")[0] for line in extra.splitlines()}
     path = folder / name
     path.write_text("".join(f"{line}\n" for line in TRAIN.splitlines() if line.split(":")[0] not in keys) + extra)
@@ -97,13 +98,13 @@ def test_a_start_that_fails_after_the_claim_removes_the_folders_it_made(
         raise TrainDataError("every row is longer than max_length")
 
     monkeypatch.setattr(run_setup, "encode_split", no_rows)
-    spec = _spec(tmp_path)
-    code, _, err = _main(capsys, "train", spec, "--data", shards, "--output", tmp_path / "a" / "b" / "run")
+    spec = _spec(tmp_path, data=shards)
+    code, _, err = _main(capsys, "train", spec, "--output", tmp_path / "a" / "b" / "run")
     assert code == 1 and err == "dataguard: train failed: every row is longer than max_length\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
     mine = tmp_path / "mine"  # a folder that was there before is left as it was
     mine.mkdir()
-    assert _main(capsys, "train", spec, "--data", shards, "--output", mine)[0] == 1
+    assert _main(capsys, "train", spec, "--output", mine)[0] == 1
     assert mine.is_dir()
 
 
@@ -167,18 +168,18 @@ LINE = re.compile(r"^train step (\d+)/4  loss \d+\.\d{4}  lr \d\.\d\de[-+]\d\d  
 
 def test_progress_lines_every_log_every_steps_when_stderr_is_not_a_terminal(
         shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = _spec(tmp_path)
-    code, _, err = _main(capsys, "train", spec, "--data", shards, "--output", tmp_path / "a")
+    spec = _spec(tmp_path, data=shards)
+    code, _, err = _main(capsys, "train", spec, "--output", tmp_path / "a")
     assert code == 0, err
     lines = [line for line in err.splitlines() if line.startswith("train step")]
     assert [int(LINE.match(line).group(1)) for line in lines] == [2, 4], err  # type: ignore[union-attr]
     assert "\r" not in err  # no progress bar in a log file
 
-    code, _, err = _main(capsys, "train", spec, "--data", shards, "--output", tmp_path / "b", "--quiet")
+    code, _, err = _main(capsys, "train", spec, "--output", tmp_path / "b", "--quiet")
     assert code == 0 and "train step" not in err
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, not the lines
-    code, _, err = _main(capsys, "train", spec, "--data", shards, "--output", tmp_path / "c")
+    code, _, err = _main(capsys, "train", spec, "--output", tmp_path / "c")
     assert code == 0 and "train step" not in err and "4/4" in err
 
 
@@ -204,8 +205,8 @@ def test_bad_device_precision_or_model_fail_before_shards_are_read(
         raise AssertionError("the shards were read before the settings were checked")
 
     monkeypatch.setattr(run_setup.RunShards, "open", opened)
-    spec = _spec(tmp_path, setting.format(folder=tmp_path / "folder", hf=tmp_path / "hf"))
-    code, _, err = _main(capsys, "train", spec, "--data", shards, "--output", tmp_path / "run")
+    spec = _spec(tmp_path, setting.format(folder=tmp_path / "folder", hf=tmp_path / "hf"), data=shards)
+    code, _, err = _main(capsys, "train", spec, "--output", tmp_path / "run")
     assert code == 1 and message in err and err.count("\n") == 1 and err.startswith("dataguard: train failed: ")
     assert not (tmp_path / "run").exists() and not read
     # the library path too: Trainer.fit checks before it opens the shards
@@ -239,13 +240,13 @@ def test_threads_follow_usable_cpus_and_local_processes_and_stay_on_resume(
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     (cgroup / "cpu.max").write_text("200000 100000\n")
 
-    spec = _spec(tmp_path, "", "t.yaml")
-    spec.write_text(TRAIN.replace("threads: 1\n", ""))  # threads unset
+    spec = _spec(tmp_path, "", "t.yaml", data=shards)
+    spec.write_text(spec.read_text().replace("threads: 1\n", ""))  # threads unset
     seen: list[int] = []
     save = loop.save_run_checkpoint
     _interrupt_after_checkpoint(monkeypatch, 2)
     monkeypatch.setattr(run_setup, "encode_split", _recording(run_setup.encode_split, seen))
-    assert _main(capsys, "train", spec, "--data", shards, "--output", tmp_path / "run", "--quiet")[0] == 130
+    assert _main(capsys, "train", spec, "--output", tmp_path / "run", "--quiet")[0] == 130
     assert seen == [2]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["threads"] == {
         "count": 2, "from": "2 usable CPUs / 1 local processes"}
@@ -257,8 +258,8 @@ def test_threads_follow_usable_cpus_and_local_processes_and_stay_on_resume(
     assert seen == [2, 2]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["threads"] == {"count": 2, "from": "resumed run"}
 
-    explicit = _spec(tmp_path, "", "e.yaml")  # threads: 1 in the config wins
-    assert _main(capsys, "train", explicit, "--data", shards, "--output", tmp_path / "e", "--quiet")[0] == 0
+    explicit = _spec(tmp_path, "", "e.yaml", data=shards)  # threads: 1 in the config wins
+    assert _main(capsys, "train", explicit, "--output", tmp_path / "e", "--quiet")[0] == 0
     assert json.loads((tmp_path / "e" / "run.json").read_text())["threads"] == {"count": 1, "from": "config"}
 
 
@@ -286,7 +287,7 @@ def test_cgroup_quota_is_the_smallest_on_the_way_to_the_root(tmp_path: Path,
 def test_interrupted_failures_never_remove_a_run_with_checkpoints(
         shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     _interrupt_after_checkpoint(monkeypatch, 2)
-    assert _main(capsys, "train", _spec(tmp_path), "--data", shards, "--output", tmp_path / "run", "--quiet")[0] \
+    assert _main(capsys, "train", _spec(tmp_path, data=shards), "--output", tmp_path / "run", "--quiet")[0] \
         == 130
     assert (tmp_path / "run" / "checkpoints").is_dir()
     with pytest.raises(TrainError, match="already has checkpoints"):
