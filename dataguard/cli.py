@@ -182,12 +182,13 @@ def _report_path(args: argparse.Namespace, configured: Path | bool | None, confi
                  output: Path) -> Path | None:
     """--report, else the config's `report:`, else None (OUTPUT/audit.html). A relative
     `report:` belongs with the config's own `output:`: when --output sends the run elsewhere,
-    the report goes with it (OUTPUT/audit.html) instead of over the checkout's reports/."""
+    the report goes with it (OUTPUT/audit.html) instead of over the checkout's reports/
+    (`make demo`, with no --output, still writes the reports/ page its config names)."""
     if args.report:
         return Path(args.report)
     if not isinstance(configured, Path):
         return None
-    moved = config_output is None or output.resolve() != config_output.resolve()
+    moved = config_output is not None and output.resolve() != config_output.resolve()
     if args.output and moved and not configured.is_absolute():
         print(f"dataguard: note: --output {output}: the report goes to {output / 'audit.html'}, not to the "
               f"config's {configured} (pass --report to choose)", file=sys.stderr)

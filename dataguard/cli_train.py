@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +47,7 @@ def train_command(args: argparse.Namespace) -> int:
     from dataguard.train.loop import Trainer
 
     trainer = Trainer(cfg, progress=not args.quiet and sys.stderr.isatty(), echo=print)
-    made = _first_missing(run_dir)
+    made = _first_missing(run_dir) if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 claims it
     try:
         with _one_line_warnings(), step_lines(not args.quiet):
             result = trainer.fit(resume=args.resume)

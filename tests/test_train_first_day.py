@@ -159,6 +159,9 @@ def test_run_with_output_writes_the_audit_inside_it_not_into_reports(
     code, out, err = _main(capsys, "run", config, "--quiet")  # `make demo`: the config asks for reports/
     assert code == 0 and err == ""
     assert (tmp_path / "reports/sft.html").is_file() and not (tmp_path / "out/sft/audit.html").exists()
+    (tmp_path / "reports/sft.html").unlink()
+    code, out, err = _main(capsys, "run", config, "--output", "out/sft", "--quiet")  # its own output: the same
+    assert code == 0 and err == "" and (tmp_path / "reports/sft.html").is_file()
 
 
 # ------------------------------------------------------------------ 4. progress lines without a terminal
