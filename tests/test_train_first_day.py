@@ -130,8 +130,7 @@ def test_run_json_records_absolute_paths_and_resume_works_from_another_directory
     assert sorted(elsewhere.iterdir()) == []
 
 
-def test_a_model_folder_given_relative_is_recorded_absolute(
-        shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_model_folder_given_relative_is_recorded_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dataguard.train.tiny import minilm_path
 
     monkeypatch.chdir(tmp_path)
@@ -252,7 +251,7 @@ def test_threads_follow_usable_cpus_and_local_processes_and_stay_on_resume(
     assert _main(capsys, "train", spec, "--output", tmp_path / "run", "--quiet")[0] == 130
     assert seen == [2]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["threads"] == {
-        "count": 2, "from": "2 usable CPUs / 1 local processes"}
+        "count": 2, "from": "2 usable CPUs / 1 local process"}
 
     monkeypatch.setattr(loop, "save_run_checkpoint", save)
     (cgroup / "cpu.max").write_text("100000 100000\n")  # resumed on a smaller machine: the same count

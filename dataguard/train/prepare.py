@@ -133,7 +133,8 @@ def choose_threads(cfg: TrainConfig, run_dir: Path, resume: bool) -> dict[str, A
     except ValueError:
         local = 1
     cpus = usable_cpus()
-    return {"count": max(1, cpus // local), "from": f"{cpus} usable CPUs / {local} local processes"}
+    return {"count": max(1, cpus // local),
+            "from": f"{cpus} usable CPU{'s' * (cpus > 1)} / {local} local process{'es' * (local > 1)}"}
 
 
 def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path) -> None:
