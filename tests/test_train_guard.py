@@ -27,7 +27,7 @@ from dataguard.train.loop import TrainDiverged, Trainer, TrainError
 from dataguard.train.monitor import layer_of
 
 REPO = Path(__file__).resolve().parent.parent
-GUARD = {"snapshot_every": 2, "max_anomalies": 2, "anomaly_window": 5}
+GUARD = {"snapshot_every": 2, "max_anomalies": 2, "anomaly_window": 5, "verify_steps": 1}
 ROLLBACK_FAULTS = [{"step": 7, "kind": "nan_grad", "layer": "layers.0"}, {"step": 8, "kind": "nan_loss"}]
 
 
@@ -89,6 +89,8 @@ def test_robust_z_spikes_and_layer_names():
     window = [2.0 + 0.01 * (i % 5) for i in range(30)]
     assert abs(robust_z(2.02, window)) < 1 and robust_z(5.0, window) > 6
     guard = Guard(load_train_config({"task": "sft", "model": "tiny-causal-lm", "data": "x"}).guard, 1.0)
+    model = torch.nn.Linear(2, 2)
+    guard.take_snapshot(0, model, torch.optim.AdamW(model.parameters()), None, None, verified=True)
     for v in window:
         guard.accept(v, 1.0)
     assert not guard.check(31, 2.03, 1.02, True, []).anomalies
@@ -127,7 +129,7 @@ def test_nan_step_is_skipped_not_applied_and_monitored(data, tmp_path):
     h = hists[0]["layers"]["layers.0"]
     assert len(h["edges"]) == len(h["counts"]) + 1 and sum(h["counts"]) > 0
     events = _lines(run / "events.jsonl")
-    kinds = [(e["step"], e["kind"], e["cause"]) for e in events if e["kind"] != "checkpoint"]
+    kinds = [(e["step"], e["kind"], e["cause"]) for e in events if e["kind"] not in ("checkpoint", "verified")]
     assert kinds == [(3, "fault", "inf_loss"), (3, "anomaly", "nonfinite_loss"), (3, "skip", "nonfinite_loss"),
                      (4, "fault", "garbage_batch")]  # garbage tokens: a finite step, applied
     anomaly = next(e for e in events if e["kind"] == "anomaly")
@@ -140,13 +142,16 @@ def test_repeated_nans_roll_back_and_recover(data, faulty, tmp_path):
     run = faulty.run_dir
     assert faulty.rollbacks == 1 and faulty.skipped_steps == 2
     rollback = next(e for e in faulty.events if e["kind"] == "rollback")
-    assert rollback["step"] == 8 and "state of step 6" in rollback["detail"]
+    # the newest *verified* state: 5 (the checkpoint, one clean step after it); 6 was pending at the fault
+    assert rollback["step"] == 8 and "state of step 5" in rollback["detail"]
     assert "clip max_norm 0.5" in rollback["detail"] and "Adam moments reset" in rollback["detail"]
     # lr halved: step 9 runs the schedule position of clean step 7, at half its lr
     assert faulty.history[8]["lr"] == pytest.approx(0.5 * clean.history[6]["lr"], rel=1e-6)
     assert faulty.last_eval and clean.last_eval
-    assert abs(faulty.last_eval["loss"] - clean.last_eval["loss"]) <= 0.05 * clean.last_eval["loss"]
-    assert abs(faulty.final_loss - clean.final_loss) <= 0.05 * clean.final_loss
+    # within 10% of the clean run (the guard's goal): the rollback costs the steps since the verified
+    # state and the lr is halved at the schedule's current position (it is not rewound)
+    assert abs(faulty.last_eval["loss"] - clean.last_eval["loss"]) <= 0.10 * clean.last_eval["loss"]
+    assert abs(faulty.final_loss - clean.final_loss) <= 0.10 * clean.final_loss
     assert all(torch.isfinite(w).all() for w in read_weights(latest_checkpoint(run)).values())
     _all_finite(run)
     # resume after the rollback: the guard's state comes back, the run is the same bit for bit
@@ -195,12 +200,12 @@ from dataguard.train.loop import Trainer
 real = guard.Guard.roll_back
 def dying(self, step, model, *args):
     with __import__("torch").no_grad():
-        model.load_state_dict(self.snapshot.model)  # half-way through restoring
+        model.load_state_dict(self.snapshot.model, strict=False)  # half-way through restoring
     os.kill(os.getpid(), signal.SIGKILL)
 guard.Guard.roll_back = dying
 cfg = load_train_config(dict(task="sft", model="tiny-causal-lm", data=sys.argv[1], output=sys.argv[2],
     max_steps=14, batch_size=2, lr=3e-3, max_length=64, eval_every=1000, save_every=5, tensorboard=False,
-    monitor_every=2, histogram_every=5, guard=dict(snapshot_every=2, max_anomalies=2, anomaly_window=5),
+    monitor_every=2, histogram_every=5, guard=dict(snapshot_every=2, max_anomalies=2, anomaly_window=5, verify_steps=1),
     faults=[dict(step=7, kind="nan_grad", layer="layers.0"), dict(step=8, kind="nan_loss")]))
 Trainer(cfg).fit()
 """

@@ -41,6 +41,7 @@ from dataguard.train.weights import load_state_into
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
 VERIFIED = "VERIFIED"  # written once the guard verified the checkpoint's state (dataguard.train.guard)
+GUARD_SNAPSHOT = "guard_snapshot.safetensors"  # the guard's snapshots (dataguard.train.guard_resume), not weights
 SAVING = ".saving"  # the name of the temp folder a save is writing, written before the folder
 _NAME = re.compile(r"^step-(\d{6,})$")
 _TMP_NAME = re.compile(r"^step-\d{6,}\.tmp-\d+$")
@@ -109,7 +110,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
                     rng: Mapping[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
                     label_map: Mapping[str, Any] | None = None, cfg: Mapping[str, Any] | None = None, *,
                     tokenizer: Any = None, extra: Mapping[str, Any] | None = None, keep: int | None = None,
-                    protect: Iterable[str] = (), weight_bound: float | None = None) -> Path:
+                    protect: Iterable[str] = (), weight_bound: float | None = None,
+                    tensor_files: Mapping[str, Mapping[str, torch.Tensor]] | None = None) -> Path:
     """Write ``step-<step>/`` atomically; rotate to ``keep`` (never the newest nor ``protect``)."""
     bad = _nonfinite(model.state_dict().items())
     opt_state = optimizer.state_dict()
@@ -147,6 +149,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
         _fsync_write(tmp / "state.json", json.dumps(state, indent=1, default=str).encode())
         if label_map is not None:
             _fsync_write(tmp / "label_map.json", json.dumps(dict(label_map), indent=1).encode())
+        for name, tensors in (tensor_files or {}).items():  # e.g. the guard's rollback target
+            from safetensors.torch import save_file
+
+            save_file(dict(tensors), str(tmp / name))
         sums = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file() and not p.is_symlink()}
         _fsync_write(tmp / CHECKSUMS, json.dumps({"sha256": sums}, indent=1, sort_keys=True).encode())
         _fsync_write(tmp / COMPLETE, b"ok\n")
@@ -320,7 +326,7 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
+    files = [f for f in sorted(folder.glob("*.safetensors")) if f.name != GUARD_SNAPSHOT]
     if not files:
         raise CheckpointError(f"{folder}: no safetensors weights")
     out: dict[str, torch.Tensor] = {}

@@ -23,8 +23,9 @@ LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0,
 
 
 GUARD_DEFAULTS: dict[str, Any] = {
-    "snapshot_every": 100, "anomaly_window": 100, "max_anomalies": 3, "max_rollbacks": 3, "zscore": 6.0,
-    "zscore_window": 100, "weight_bound": 1e6, "lr_backoff": 0.5, "recovery_clip": 0.5, "recovery_steps": 1000}
+    "snapshot_every": 10, "anomaly_window": 100, "max_anomalies": 3, "max_rollbacks": 3, "zscore": 6.0,
+    "zscore_window": 20, "weight_bound": 1e6, "lr_backoff": 0.5, "recovery_clip": 0.5, "recovery_steps": 1000,
+    "verify_steps": 10, "worse_than_best": 0.1, "fp16_skips_in_a_row": 8, "fp16_min_scale": 1.0}
 FAULT_KINDS = ("nan_loss", "inf_loss", "nan_grad", "lr_spike", "garbage_batch")
 
 
@@ -255,7 +256,8 @@ def guard(v: Any, p: Path_, loc: _Located) -> Any:
         here = p + (key,)
         if key not in GUARD_DEFAULTS:
             raise loc.error(here, f"unknown key (expected one of: {', '.join(GUARD_DEFAULTS)})")
-        if key in ("snapshot_every", "anomaly_window", "max_anomalies", "zscore_window"):
+        if key in ("snapshot_every", "anomaly_window", "max_anomalies", "zscore_window", "verify_steps",
+                   "fp16_skips_in_a_row"):
             out[key] = integer(1)(item, here, loc)
         elif key in ("max_rollbacks", "recovery_steps"):
             out[key] = integer(0)(item, here, loc)

@@ -22,6 +22,7 @@ from dataguard.train.checkpoint import (
     latest_checkpoint,
     load_weights,
     newest_intact_checkpoint,
+    resume_checkpoint,
 )
 from dataguard.train.weights import PEFT_PREFIX, ConvertError, load_state_into
 
@@ -29,28 +30,54 @@ __all__ = ["PEFT_PREFIX", "ConvertError", "convert_checkpoint", "find_checkpoint
            "load_state_into"]
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder itself (refused if damaged), or the newest intact one of a run folder."""
+def find_checkpoint(path: str | Path, which: str = "best") -> Path:
+    """A checkpoint folder itself (refused if damaged), or one of a run folder: ``best`` (by
+    eval, `best.json`; else the newest verified), or ``newest`` (the newest intact)."""
     path = Path(path)
     if (path / COMPLETE).is_file():
         damage = checkpoint_damage(path)
         if damage is not None:
             raise ConvertError(f"{path}: damaged checkpoint ({damage}); convert another one")
         return path
+    if which not in ("best", "newest"):
+        raise ConvertError(f"--checkpoint {which!r}: give best, newest or a checkpoint folder")
     if latest_checkpoint(path) is None:
         raise ConvertError(f"{path}: neither a checkpoint nor a run folder with a complete checkpoint")
-    intact = newest_intact_checkpoint(path, lambda line: warnings.warn(line, stacklevel=2))
-    if intact is None:
+
+    def warn(line: str) -> None:
+        warnings.warn(line, stacklevel=2)
+
+    if which == "best":
+        best = _best_checkpoint(path)
+        if best is not None:
+            damage = checkpoint_damage(best)
+            if damage is None:
+                return best
+            warn(f"the best checkpoint {best.name} is damaged ({damage}); taking the newest verified one")
+        chosen, _ = resume_checkpoint(path, warn)
+    else:
+        chosen = newest_intact_checkpoint(path, warn)
+    if chosen is None:
         raise ConvertError(f"{path}: every checkpoint is damaged; nothing to convert")
-    return intact
+    return chosen
 
 
-def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
+def _best_checkpoint(run: Path) -> Path | None:
+    """The checkpoint ``best.json`` names (the best eval loss), if it is still there."""
+    try:
+        name = Path(str(json.loads((run / "best.json").read_text(encoding="utf-8"))["checkpoint"])).name
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    candidate = run / "checkpoints" / name
+    return candidate if (candidate / COMPLETE).is_file() else None
+
+
+def convert_checkpoint(source: str | Path, out: str | Path, which: str = "best") -> Path:
     """Write a plain HF model folder (LoRA merged) from a run or checkpoint folder.
 
     The model is written into a temporary sibling folder and renamed to ``out`` when it is
     complete, so a failure (a full disk) leaves nothing that blocks the retry."""
-    ckpt = find_checkpoint(source)
+    ckpt = find_checkpoint(source, which)
     out = Path(out)
     if out.is_symlink():
         raise ConvertError(f"{out}: is a link; give a new folder")

@@ -124,7 +124,8 @@ class Guard:
         self.k = {**GUARD_KNOB_DEFAULTS, **dict(knobs)}
         self.max_grad_norm = float(max_grad_norm)
         self.warmup_steps = int(warmup_steps)  # their fast-falling losses never enter the windows
-        self.pending: Snapshot | None = None
+        self.pending: list[Snapshot] = []  # oldest first; each waits for its clean steps
+        self.current_step = 0  # the step `check` judged last (`accept` follows it)
         self.skips_in_a_row = 0
         self.loss_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
         self.gnorm_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
@@ -143,6 +144,7 @@ class Guard:
     def check(self, step: int, loss: float, grad_norm: float, finite: bool,
               bad_layers: list[str]) -> Verdict:
         """Anomalies of one step, before its update."""
+        self.current_step = step
         v = Verdict()
         if not math.isfinite(loss):
             v.anomalies.append({"cause": "nonfinite_loss", "detail": f"loss {loss}",
@@ -205,7 +207,8 @@ class Guard:
         """An applied step: its loss and gradient norm join the trailing windows (warmup
         steps excluded: their fast-falling losses would widen the band for the rest)."""
         self.skips_in_a_row = 0
-        if step is not None and step <= self.warmup_steps:
+        step = self.current_step if step is None else step
+        if self.warmup_steps and step <= self.warmup_steps:
             return
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.loss_window.append(float(loss))
@@ -213,32 +216,32 @@ class Guard:
 
     # ------------------------------------------------------------------ verification
     def after_step(self, applied: bool, verdict: Verdict) -> Snapshot | None:
-        """Count a step against the pending snapshot: an anomaly discards it, the
-        ``verify_steps``-th clean applied step verifies it (returned, so the loop can mark
-        its checkpoint)."""
-        if self.pending is None:
-            return None
+        """Count a step against the pending snapshots: an anomaly discards them all, the
+        ``verify_steps``-th clean applied step verifies one (returned, so the loop can mark its
+        checkpoint)."""
         if verdict.anomalies or verdict.rollback or verdict.stop:
-            self.pending = None
+            self.pending = []
             return None
-        if applied:
-            self.pending.clean_steps += 1
-            if self.pending.clean_steps >= int(self.k["verify_steps"]):
-                return self._verify()
-        return None
+        if not applied:
+            return None
+        ready = None
+        for snap in self.pending:
+            snap.clean_steps += 1
+            if snap.clean_steps >= int(self.k["verify_steps"]):
+                ready = snap
+        return self._verify(ready) if ready is not None else None
 
     def after_eval(self, eval_loss: float, best: float | None) -> Snapshot | None:
-        """An evaluation after the pending snapshot within ``worse_than_best`` of the best
-        verifies it sooner."""
-        if self.pending is None or not math.isfinite(eval_loss):
+        """An evaluation within ``worse_than_best`` of the best verifies the pending snapshots
+        sooner (the newest becomes the target)."""
+        if not self.pending or not math.isfinite(eval_loss):
             return None
         if best is not None and eval_loss > best * (1.0 + float(self.k["worse_than_best"])):
             return None
-        return self._verify()
+        return self._verify(self.pending[-1])
 
-    def _verify(self) -> Snapshot | None:
-        snap, self.pending = self.pending, None
-        assert snap is not None
+    def _verify(self, snap: Snapshot) -> Snapshot:
+        self.pending = [p for p in self.pending if p.step > snap.step]
         snap.verified = True
         self.snapshot = snap
         return snap
@@ -255,22 +258,23 @@ class Guard:
     def take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any, *,
                       verified: bool = False) -> bool:
         """Snapshot the trainable state as pending (or as the verified target: the start of a
-        run); refused (False) when a weight is non-finite or above ``weight_bound``."""
+        run); refused (False) when a weight is non-finite or above ``weight_bound``. The
+        optimizer's moments are not kept: a rollback resets them anyway."""
+        if any(p.step == step for p in self.pending) or (self.snapshot is not None and self.snapshot.step == step):
+            return True  # this state is already held (verified, or waiting)
         tensors = trainable_state(model)
         bound = float(self.k["weight_bound"])
         for value in tensors.values():
             if value.is_floating_point() and value.numel() and not bool(value.abs().max() <= bound):
                 return False  # NaN compares False too
-        if self.pending is not None and self.pending.step == step:
-            return True
-        snap = Snapshot(step=step, model=tensors, optimizer=copy.deepcopy(optimizer.state_dict()),
-                        scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
-                        scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
+        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        snap = Snapshot(step=step, model=tensors, optimizer={"param_groups": groups},
+                        scheduler=None, scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
                         verified=verified)
         if verified:
-            self.snapshot, self.pending = snap, None
+            self.snapshot, self.pending = snap, []
         else:
-            self.pending = snap
+            self.pending = [*self.pending[-1:], snap]  # at most two wait: memory stays bounded
         return True
 
     def roll_back(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> int:
@@ -282,16 +286,16 @@ class Guard:
             state = model.state_dict(keep_vars=True)
             for key, value in snap.model.items():
                 state[key].data.copy_(value)
-        lrs = [g["lr"] for g in optimizer.param_groups]  # the schedule stays where the loop is
-        optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
         inner = getattr(optimizer, "optimizer", optimizer)
         inner.state.clear()  # reset the Adam moments (and their bias-correction counters)
-        for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+        for g, saved in zip(optimizer.param_groups, snap.optimizer["param_groups"], strict=True):
+            lr = g["lr"]  # the schedule stays where the loop is
+            g.update(copy.deepcopy(saved))
             g["lr"] = lr
         if scaler is not None and snap.scaler is not None:
             scaler.load_state_dict(copy.deepcopy(snap.scaler))
         optimizer.zero_grad(set_to_none=True)
-        self.pending = None
+        self.pending = []
         self.rollbacks += 1
         self.lr_scale *= float(self.k["lr_backoff"])
         self.recover_until = step + int(self.k["recovery_steps"])
@@ -305,8 +309,7 @@ class Guard:
                 "recover_until": self.recover_until, "bad_rows": list(self.bad_rows),
                 "first_layer": self.first_layer, "skips_in_a_row": self.skips_in_a_row,
                 "verified_step": self.snapshot.step if self.snapshot is not None else None,
-                "pending": ({"step": self.pending.step, "clean_steps": self.pending.clean_steps}
-                            if self.pending is not None else None)}
+                "pending": [{"step": p.step, "clean_steps": p.clean_steps} for p in self.pending]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loss_window.extend(float(x) for x in state.get("loss_window", []))

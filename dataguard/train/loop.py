@@ -58,6 +58,7 @@ from dataguard.train.errors import TrainDiverged, TrainError
 from dataguard.train.evaluate import IGNORE_INDEX, evaluate
 from dataguard.train.faults import garbage_batch, poison_grads, poison_loss
 from dataguard.train.guard import Verdict
+from dataguard.train.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
 from dataguard.train.losses import causal_lm_loss, logit_adjusted_cross_entropy
 from dataguard.train.metrics_log import progress_bar
 from dataguard.train.optim import GradVarianceScaler, clip_gradients
@@ -210,6 +211,8 @@ class Trainer:
                             bad_layers = monitor.nonfinite_layers()
                         if guard is not None and (scaler is None or clip.finite):  # fp16 overflow: the scaler's
                             verdict = guard.check(now_step, mean_loss, clip.total_norm, clip.finite, bad_layers)
+                        elif guard is not None:  # an fp16 overflow: an anomaly once it persists
+                            verdict = guard.scaler_skipped(now_step, float(scaler.get_scale()))
                         applied, lr, lr_groups, ratios = optimizer_step(
                             accelerator, optimizer, scheduler, scaler, clip, verdict, mean_loss, gvs, guard,
                             lr_spike, monitor if monitor_step else None)
@@ -239,6 +242,8 @@ class Trainer:
                 raise TrainDiverged(stop)
             if verdict.rollback:
                 lr_spike = 1.0  # the spike lived in the optimizer state that was rolled back
+            if guard is not None:
+                self._verified(guard.after_step(applied, verdict), step, events, main, lr)
             guard_after_step(guard, step, applied, verdict, cfg.max_grad_norm, events, lr, raw_model, optimizer,
                              scheduler, scaler)
             if bar is not None:
@@ -250,21 +255,26 @@ class Trainer:
                 last_eval = self._evaluate(model, val, pad_id, offsets, device)
                 metrics.write({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
                 model.train()
+                if guard is not None:
+                    self._verified(guard.after_eval(last_eval["loss"], best["metric"]), step, events, main, lr)
                 is_best, stopped_early = update_best(best, last_eval, cfg.early_stopping_patience)
             if is_best or step % cfg.save_every == 0 or step == total or stopped_early:
                 if is_best:
                     best["checkpoint"] = f"step-{step:06d}"
                 path = self.run_dir
+                if guard is not None and applied and not verdict.anomalies:  # pending until verified; taken
+                    guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)  # first: the save records it
                 if main:
                     path = save_run_checkpoint(
                         self.run_dir, self.cfg, step, raw_model, tokenizer, optimizer, scheduler, scaler, sampler,
                         history, label_map, skipped, best, gvs, self._warn,
                         {"guard": guard.state_dict() if guard is not None else None,
-                         "faults": {**plan.state_dict(), "lr_spike": lr_spike}})
+                         "faults": {**plan.state_dict(), "lr_spike": lr_spike}},
+                        snapshot_to_save(guard, self.run_dir, step))
                     events.add(step, "checkpoint", "save", str(path), lr=lr)
                 accelerator.wait_for_everyone()
-                if guard is not None:  # a resumed run's snapshot is this checkpoint: keep the same one here
-                    guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)
+                if main and guard is not None and guard.snapshot is not None and guard.snapshot.step == step:
+                    ckpt_mod.mark_verified(self.run_dir, step, f"verified by the guard at step {step}: its eval")
                 saved_at = step
                 if is_best and main:
                     write_atomic(self.run_dir / "best.json", json.dumps(
@@ -277,6 +287,8 @@ class Trainer:
         if bar is not None:
             bar.close()
         metrics.close()
+        if main:
+            self._final_against_best(last_eval, best)
         final = ckpt_mod.latest_checkpoint(self.run_dir)
         return TrainResult(run_dir=self.run_dir, steps=step, total_steps=total,
                              final_loss=history[-1]["loss"] if history else None, skipped_steps=skipped,
@@ -284,6 +296,37 @@ class Trainer:
                              stopped_early=stopped_early, last_eval=last_eval, history=history,
                              checkpoint=final if saved_at >= 0 else None,
                              rollbacks=guard.rollbacks if guard is not None else 0, events=list(events.events))
+
+    def _verified(self, snap: Any, step: int, events: Any, main: bool, lr: float) -> None:
+        """A snapshot the guard just verified: an event, and its checkpoint's VERIFIED marker."""
+        if snap is None:
+            return
+        marked = ckpt_mod.mark_verified(self.run_dir, snap.step, f"verified by the guard after step {snap.step}: "
+                                        f"{snap.clean_steps} clean steps") if main else None
+        events.add(step, "verified", "clean_steps" if snap.clean_steps else "eval",
+                   f"the state of step {snap.step} is a rollback target"
+                   + (f"; {marked.name} marked verified" if marked is not None else ""), lr=lr)
+
+    def _final_against_best(self, last_eval: dict[str, float] | None, best: dict[str, Any]) -> None:
+        """A run that ends more than ``worse_than_best`` worse than its best evaluation says so
+        (terminal, run.json, page) and names the best checkpoint, which `convert` takes."""
+        x = float((self.cfg.guard or {}).get("worse_than_best", 0.1))
+        if not last_eval or best.get("metric") is None or not math.isfinite(float(best["metric"])):
+            return
+        final, top = float(last_eval["loss"]), float(best["metric"])
+        if math.isfinite(final) and final <= top * (1.0 + x):
+            return
+        text = (f"the final eval loss {final:.4g} is more than {x:.0%} worse than the best {top:.4g} "
+                f"({best.get('checkpoint')}); `dataguard convert` takes the best checkpoint")
+        self._warn(text)
+        path = self.run_dir / "run.json"
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        summary["final_warning"] = text
+        summary["notes"] = list(summary.get("notes") or []) + [text]
+        write_atomic(path, json.dumps(summary, indent=1, default=str) + "\n")
 
     def _loss(self, model: Any, batch: dict[str, torch.Tensor], offsets: torch.Tensor | None,
               class_weights: torch.Tensor | None, denominator: float | None = None) -> torch.Tensor:
@@ -318,7 +361,8 @@ def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, 
                         scheduler: Any, scaler: Any, sampler: CurriculumSampler, history: list[dict[str, Any]],
                         label_map: LabelMap | None, skipped: int, best: dict[str, Any],
                         gvs: GradVarianceScaler | None, warn: Callable[[str], None],
-                        guard_state: dict[str, Any] | None = None) -> Path:
+                        guard_state: dict[str, Any] | None = None,
+                        guard_snapshot: dict[str, torch.Tensor] | None = None) -> Path:
     """Save the step's checkpoint with the loop's own state; a refused save is a warning and
     the newest complete checkpoint (or the run folder) is returned instead."""
     extra = {"skipped_steps": skipped, "best": dict(best),
@@ -328,7 +372,9 @@ def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, 
             run_dir, step, model, optimizer, scheduler, scaler, sampler.state_dict(),
             ckpt_mod.capture_rng(), history, label_map.to_json() if label_map else None, cfg.to_dict(),
             tokenizer=tokenizer, extra=extra, keep=cfg.keep_checkpoints,
-            protect=[best["checkpoint"]] if best.get("checkpoint") else [])
+            protect=[best["checkpoint"]] if best.get("checkpoint") else [],
+            weight_bound=float(cfg.guard["weight_bound"]) if cfg.guard else None,
+            tensor_files={GUARD_SNAPSHOT: guard_snapshot} if guard_snapshot else None)
     except ckpt_mod.CheckpointError as exc:
         warn(str(exc))
         return ckpt_mod.latest_checkpoint(run_dir) or run_dir

@@ -81,12 +81,16 @@ def _last(series: list[tuple[int, float]]) -> float | None:
 def _overview(m: dict[str, Any]) -> str:
     status = m["status"]
     klass, icon, big = {"completed": ("ok", "✓", "COMPLETED"), "stopped": ("bad", "✗", "STOPPED BY THE GUARD"),
+                        "worse_than_best": ("bad", "!", "COMPLETED, WORSE THAN ITS BEST"),
                         "incomplete": ("unknown", "…", "INCOMPLETE")}[status]
     ec = m["event_counts"]
     total = m.get("total_steps")
     line = f"step {num(m.get('last_step'))} of {num(total)}"
     if ec["rollback"]:
         line += f" · {ec['rollback']} rollback(s)"
+    warning = m["run"].get("final_warning") if isinstance(m.get("run"), dict) else None
+    if warning:
+        line += f" · {warning}"
     verdict = (f'<div class="verdict {klass}" id="status" data-status="{esc(status)}"><div class="icon">{icon}</div>'
                f'<div><div class="big">{big}</div><div class="eq">{esc(line)}</div></div></div>')
     best = m.get("best") or {}

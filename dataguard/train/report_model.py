@@ -296,7 +296,7 @@ def collect(run_dir: str | os.PathLike) -> dict[str, Any]:
     if stopped:
         status = "stopped"
     elif total is not None and last_step is not None and last_step >= total:
-        status = "completed"
+        status = "worse_than_best" if run.get("final_warning") else "completed"
     else:
         status = "incomplete"
     return {

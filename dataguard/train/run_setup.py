@@ -21,6 +21,7 @@ from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedu
 from dataguard.train.errors import TrainError
 from dataguard.train.faults import FaultPlan
 from dataguard.train.guard import EventLog, Guard, JsonlLog
+from dataguard.train.guard_resume import restore_guard
 from dataguard.train.metrics_log import MetricsLog
 from dataguard.train.model import (
     apply_lora,
@@ -206,6 +207,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
             gvs.load_state_dict(loaded.extra["grad_variance"])
         if guard is not None and loaded.extra.get("guard"):
             guard.load_state_dict(loaded.extra["guard"])
+            restore_guard(guard, loaded.extra["guard"], latest, run_dir, step, raw_model, optimizer, scheduler,
+                          scaler, note=lambda line: (echo(line), notes.append(line)))
         plan.load_state_dict(loaded.extra.get("faults") or {})
         lr_spike = float((loaded.extra.get("faults") or {}).get("lr_spike", 1.0))
         echo(f"resumed from {latest} at step {step}")
@@ -217,9 +220,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     resumed_at = step if resume and latest is not None else None
     events = EventLog(run_dir if main else None, resume_step=resumed_at)
     hists = JsonlLog(run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
-    if guard is not None:  # the start is verified: the model as loaded, or the verified checkpoint resumed
-        start_verified = latest is None or not resume or ckpt_mod.is_verified(latest)
-        guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler, verified=start_verified)
+    if guard is not None and guard.snapshot is None:  # a fresh start (or an older checkpoint): verified
+        guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler, verified=True)
     if main and label_map is not None and not (run_dir / "label_map.json").exists():
         label_map.save(run_dir / "label_map.json")
     if rng_state is not None:
