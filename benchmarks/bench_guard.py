@@ -15,12 +15,13 @@ Data: ``sample_data/alpaca_en_demo.json`` through an empty pipeline, model ``tin
    ``plain`` = guard off and the monitor off (``monitor_every`` / ``histogram_every`` beyond
    the run), against ``monitor+guard`` = the defaults (``monitor_every: 10``, guard on). Run
    twice, interleaved, to show the noise of a shared machine. Goal: <= 5%.
-2. Divergence: the lr is multiplied by 100 from step ``--spike-step`` on (the ``lr_spike``
-   fault). ``clean`` = no fault; ``guarded`` = guard on (defaults except ``snapshot_every:
-   10``, ``anomaly_window: 10``, ``recovery_steps: 20`` for a short run); ``clip only`` =
-   guard off: the runner still clips (global max_norm 1.0 + the layer-wise rules) and skips
-   non-finite steps, like an HF-style loop. The fault is the same in both faulty arms; only
-   the guard's rollback can clear it (it restores the optimizer state the spike lives in).
+2. Faults: each fault kind (``nan_loss``, ``inf_loss``, ``nan_grad``, ``lr_spike`` x100 / x1000 /
+   x1e20, ``garbage_batch``) at ``--fault-step`` (31: one step after the checkpoint of step 30),
+   guard defaults, checkpoints and evaluation every 10 steps. Per arm: completed or stopped,
+   the final eval loss against the clean run (goal: within 10%, or a stop with a diagnosis),
+   rollbacks, and whether any checkpoint on disk holds a non-finite weight or one above the
+   guard's bound (goal: never). ``clip only`` = guard off with the x100 spike: the runner
+   still clips and skips non-finite steps, like an HF-style loop.
 """
 
 from __future__ import annotations
@@ -76,29 +77,50 @@ def overhead(data: Path, args: argparse.Namespace) -> list[tuple[str, float, flo
     return rows
 
 
+FAULTS = {
+    "nan_loss": {"kind": "nan_loss"}, "inf_loss": {"kind": "inf_loss"}, "nan_grad": {"kind": "nan_grad"},
+    "lr_spike x100": {"kind": "lr_spike", "factor": 100.0}, "lr_spike x1000": {"kind": "lr_spike", "factor": 1000.0},
+    "lr_spike x1e20": {"kind": "lr_spike", "factor": 1e20}, "garbage_batch": {"kind": "garbage_batch"},
+}
+
+
+def _bad_state_saved(run: Path, bound: float) -> bool:
+    """Whether any checkpoint on disk holds a non-finite weight or one above the bound."""
+    from dataguard.train.checkpoint import complete_checkpoints, read_weights
+
+    for ckpt in complete_checkpoints(run):
+        for tensor in read_weights(ckpt).values():
+            if not bool(tensor.isfinite().all()) or float(tensor.abs().max()) > bound:
+                return True
+    return False
+
+
 def divergence(data: Path, args: argparse.Namespace) -> list[dict]:
-    spike = [{"step": args.spike_step, "kind": "lr_spike", "factor": 100.0}]
-    guard = {"snapshot_every": 10, "anomaly_window": 10, "recovery_steps": 20}
-    arms = {"clean": {"guard": guard}, "guarded": {"guard": guard, "faults": spike},
-            "clip only": {"guard": False, "faults": spike}}
+    """Each fault kind one step after a checkpoint (save_every 10), guard defaults, checkpoints on."""
+    arms: dict[str, list] = {"clean": []}
+    arms.update({name: [{"step": args.fault_step, **fault}] for name, fault in FAULTS.items()})
+    arms["clip only: lr_spike x100"] = [{"step": args.fault_step, **FAULTS["lr_spike x100"]}]
     out = []
-    for name, kw in arms.items():
-        run = OUT / f"div_{name.replace(' ', '_')}"
+    clean_eval = math.nan
+    for name, faults in arms.items():
+        run = OUT / f"div_{name.replace(' ', '_').replace(':', '')}"
         if run.exists():
             shutil.rmtree(run)
-        cfg = _cfg(data, run, args, max_steps=args.div_steps, **kw)
+        kw = {"guard": False} if name.startswith("clip only") else {}
+        cfg = _cfg(data, run, args, max_steps=args.div_steps, save_every=10, eval_every=10, keep_checkpoints=20,
+                   faults=faults, **kw)
+        row = {"arm": name, "outcome": "", "eval_loss": math.nan, "vs_clean": math.nan, "rollbacks": None,
+               "bad_state_saved": None, "best_eval": math.nan}
         try:
             result = Trainer(cfg, progress=False).fit()
-            losses = [h["loss"] for h in result.history]
-            finite = [v for v in losses[-5:] if math.isfinite(v)]
-            row = {"arm": name, "final_loss": sum(finite) / len(finite) if finite else math.nan,
-                   "eval_loss": (result.last_eval or {}).get("loss", math.nan),
-                   "max_loss_after_spike": max((v for v in losses[args.spike_step - 1:] if math.isfinite(v)),
-                                               default=math.nan),
-                   "skipped": result.skipped_steps, "rollbacks": result.rollbacks, "stopped": ""}
+            row.update(outcome="completed", eval_loss=(result.last_eval or {}).get("loss", math.nan),
+                       rollbacks=result.rollbacks, best_eval=result.best_metric if result.best_metric else math.nan)
         except TrainError as exc:
-            row = {"arm": name, "final_loss": math.nan, "eval_loss": math.nan, "max_loss_after_spike": math.nan,
-                   "skipped": None, "rollbacks": None, "stopped": str(exc)[:80]}
+            row.update(outcome=f"stopped ({str(exc).split(':')[1].strip()[:40]})")
+        if name == "clean":
+            clean_eval = row["eval_loss"]
+        row["vs_clean"] = row["eval_loss"] / clean_eval - 1 if math.isfinite(row["eval_loss"]) else math.nan
+        row["bad_state_saved"] = _bad_state_saved(run, 1e6)
         out.append(row)
         print(f"  {row}", flush=True)
     return out
@@ -110,7 +132,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40, help="steps of each overhead run")
     ap.add_argument("--div-steps", type=int, default=80, help="steps of each divergence run")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
-    ap.add_argument("--spike-step", type=int, default=33, help="first step with the lr x100")
+    ap.add_argument("--fault-step", type=int, default=31, help="the step each fault is injected at")
     args = ap.parse_args()
     import torch
 
@@ -123,7 +145,7 @@ def main() -> int:
         Pipeline([], workers=1).run([InputSpec(path=str(REPO / "sample_data" / "alpaca_en_demo.json"))], data)
     print("overhead per step:", flush=True)
     rows = overhead(data, args)
-    print(f"divergence (lr x100 from step {args.spike_step}):", flush=True)
+    print(f"faults at step {args.fault_step}:", flush=True)
     div = divergence(data, args)
     plain = [ms for name, ms, _ in rows if name.startswith("plain")]
     guarded = [ms for name, ms, _ in rows if not name.startswith("plain")]
@@ -133,12 +155,13 @@ def main() -> int:
     ratio = statistics.fmean(guarded) / statistics.fmean(plain) - 1
     lines += ["", f"overhead of monitor+guard: {ratio * 100:+.1f}% (mean CPU time per step, both repeats; the "
               "mean carries the every-10th-step monitor cost, the median does not)", "",
-              f"## divergence: lr x100 from step {args.spike_step} of {args.div_steps}", "",
-              "| arm | final loss (mean of last 5) | eval loss | max loss after the spike | skipped | rollbacks "
-              "| stopped |", "|---|---:|---:|---:|---:|---:|---|"]
+              f"## faults at step {args.fault_step} (one after a checkpoint), {args.div_steps} steps, "
+              "checkpoints every 10", "",
+              "| arm | outcome | final eval loss | vs clean | rollbacks | a bad state saved |",
+              "|---|---|---:|---:|---:|---|"]
     for r in div:
-        lines.append(f"| {r['arm']} | {r['final_loss']:.3f} | {r['eval_loss']:.3f} | "
-                     f"{r['max_loss_after_spike']:.3f} | {r['skipped']} | {r['rollbacks']} | {r['stopped']} |")
+        lines.append(f"| {r['arm']} | {r['outcome']} | {r['eval_loss']:.3f} | {r['vs_clean'] * 100:+.1f}% | "
+                     f"{r['rollbacks']} | {'yes' if r['bad_state_saved'] else 'no'} |")
     text = "\n".join(lines) + "\n"
     (OUT / "results.md").write_text(text)
     (OUT / "results.json").write_text(json.dumps({"overhead": rows, "divergence": div}, indent=1) + "\n")

@@ -97,8 +97,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="no progress bar (on a terminal) or progress lines (every `log_every` steps otherwise)")
 
     convert = sub.add_parser("convert", help="write a plain model folder from a run or checkpoint (LoRA merged)")
-    convert.add_argument("source", help="run folder (its newest complete checkpoint) or a checkpoint folder")
+    convert.add_argument("source", help="run folder or a checkpoint folder")
     convert.add_argument("out", help="new folder for the model (loads with from_pretrained)")
+    convert.add_argument("--checkpoint", default="best", metavar="best|newest",
+                         help="which checkpoint of a run folder: best (by eval loss, the default) or newest "
+                              "(the newest intact one); a damaged checkpoint is never converted")
 
     train_report = sub.add_parser("train-report", help="rebuild the HTML training report from a run folder")
     train_report.add_argument("run", help="run folder of `dataguard train`")

@@ -15,7 +15,7 @@ from dataguard.cli_common import EXIT_FAILED, CliError, check_output
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from dataguard.config import ConfigError
+    from dataguard.config_yaml import ConfigError
     from dataguard.train.config import load_train_config
     from dataguard.train.metrics_log import step_lines
     from dataguard.train.prepare import absolute_paths, preflight
@@ -165,7 +165,7 @@ def convert_command(args: argparse.Namespace) -> int:
 
     try:
         with _one_line_warnings():
-            out = convert_checkpoint(args.source, args.out)
+            out = convert_checkpoint(args.source, args.out, args.checkpoint)
     except _train_errors() as exc:
         raise CliError(f"convert failed: {exc}", EXIT_FAILED) from None
     print(f"model: {out}")

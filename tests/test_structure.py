@@ -23,3 +23,13 @@ def test_no_module_over_the_size_limit() -> None:
              for p in (REPO / "dataguard").rglob("*.py")}
     assert len(sizes) > 100  # the walk found the package
     assert {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_the_training_runner_loads_no_pipeline_stage() -> None:
+    """`dataguard train` reads what a pipeline wrote; it never imports the stages (nor the pipeline
+    config, which imports every stage), so the README's claim holds."""
+    code = ("import sys, dataguard.cli_train, dataguard.train.loop, dataguard.train.convert, dataguard.train.report\n"
+            "print([m for m in sys.modules if m.startswith('dataguard.stages') or m == 'dataguard.config'])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -102,6 +102,9 @@ def test_lr_spike_rolls_back_to_a_verified_state_and_convert_takes_the_best(data
     events = _events(run)
     rollbacks = [e for e in events if e["kind"] == "rollback"]
     assert len(rollbacks) == 1 and "state of step 20" in rollbacks[0]["detail"], rollbacks
+    metrics = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+    assert metrics[30]["skipped"] and metrics[30]["lr"] > 100 * metrics[28]["lr"]  # the lr in force, spike included
+    assert metrics[33]["lr"] < metrics[28]["lr"]  # after the rollback: backed off, the schedule not rewound
     by_name = {c.name: c for c in complete_checkpoints(run)}
     assert not is_verified(by_name["step-000030"])  # written after the spike: on disk, never trusted
     assert is_verified(by_name["step-000020"]) and is_verified(by_name["step-000040"])

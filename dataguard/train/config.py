@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from dataguard.config import ConfigError, _Located, load_yaml_document
+from dataguard.config_yaml import ConfigError, _Located, load_yaml_document
 from dataguard.train import config_checks as C
 from dataguard.train.config_checks import GUARD_DEFAULTS, Check, Path_
 from dataguard.train.errors import TrainDataError

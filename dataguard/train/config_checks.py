@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dataguard.config import _Located
+from dataguard.config_yaml import _Located
 
 MODULE_TYPES = ("embeddings", "attention", "mlp", "norm", "other", "head")
-BUILTIN_MODELS = ("tiny-causal-lm", "tiny-classifier", "minilm")
+BUILTIN_MODELS = ("tiny-causal-lm", "tiny-classifier", "minilm", "smollm2-135m")
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0,
                                  "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 

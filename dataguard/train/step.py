@@ -109,8 +109,10 @@ def optimizer_step(accelerator: Any, optimizer: Any, scheduler: Any, scaler: Any
         applied = False  # never let a non-finite gradient (or a spike) reach the weights
         if scaler is not None and clip.finite:
             scaler.update()  # unscale_ was called: close this step for the scaler
-        lr = first["lr"] / (first.get("lr_mult") or 1.0)
-        groups = lr_groups(optimizer)
+        # the lr in force (the guard's back-off and a spike included), as an applied step logs it
+        in_force = (guard.lr_scale if guard is not None else 1.0) * lr_spike
+        lr = first["lr"] / (first.get("lr_mult") or 1.0) * in_force
+        groups = {kind: value * in_force for kind, value in lr_groups(optimizer).items()}
     else:
         scheduled = [g["lr"] for g in optimizer.param_groups]
         factor = 1.0
