@@ -49,7 +49,8 @@ OUT = REPO / "benchmarks" / "results" / "bench_guard"
 def _cfg(data: Path, out: Path, args: argparse.Namespace, **kw):
     values = {"task": "sft", "model": "tiny-causal-lm", "data": str(data), "output": str(out),
               "max_steps": args.steps, "batch_size": 4, "lr": 3e-3, "max_length": 96, "eval_every": 10 ** 6,
-              "save_every": 10 ** 6, "tensorboard": False, "device": args.device, "eval_fraction": 0.1}
+              "save_every": 10 ** 6, "tensorboard": False, "device": args.device, "eval_fraction": 0.1,
+              "threads": args.threads}
     values.update(kw)
     return load_train_config(values)
 
