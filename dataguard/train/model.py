@@ -29,6 +29,7 @@ KINDS = ("embeddings", "attention", "mlp", "norm", "head", "other")
 TINY_CAUSAL = "tiny-causal-lm"
 TINY_CLASSIFIER = "tiny-classifier"
 MINILM = "minilm"
+SMOLLM2 = "smollm2-135m"  # SmolLM2-135M-Instruct from an installed GGUF (dataguard.train.pretrained)
 
 
 class ModelError(ValueError):
@@ -65,7 +66,17 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
         tok = AutoTokenizer.from_pretrained(tiny.minilm_path(), local_files_only=True)
         model = tiny.tiny_classifier(len(id2label), vocab_size=len(tok), seed=seed, id2label=id2label)
         return model, tok
-    path = Path(tiny.minilm_path()) if spec == MINILM else check_model(task, spec)
+    if spec == MINILM:
+        path: Path | None = Path(tiny.minilm_path())
+    elif spec == SMOLLM2:
+        from dataguard.train.pretrained import PretrainedError, pretrained_path
+
+        try:
+            path = pretrained_path(spec)  # built once into dataguard's cache, then a plain folder
+        except PretrainedError as exc:
+            raise ModelError(str(exc)) from None
+    else:
+        path = check_model(task, spec)
     assert path is not None  # built-in names returned above
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     with torch.random.fork_rng(devices=[]), quiet_transformers():  # a fresh head's init must not move the caller's RNG
@@ -97,9 +108,18 @@ def check_model(task: str, model_spec: str) -> Path | None:
         if spec == TINY_CLASSIFIER and task == "sft":
             raise ModelError(f"{TINY_CLASSIFIER} is a classifier; use {TINY_CAUSAL} for sft")
         return None
+    if spec == SMOLLM2:
+        from dataguard.train.pretrained import PretrainedError, gguf_source
+
+        try:
+            gguf_source(spec)  # its packages are installed (else the pip line); the folder is built on load
+        except PretrainedError as exc:
+            raise ModelError(str(exc)) from None
+        return None
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise ModelError(f"model {spec!r}: not a folder and not one of {TINY_CAUSAL}, {TINY_CLASSIFIER}, {MINILM}")
+        raise ModelError(f"model {spec!r}: not a folder and not one of {TINY_CAUSAL}, {TINY_CLASSIFIER}, {MINILM}, "
+                         f"{SMOLLM2}")
     config = path / "config.json"
     if not config.is_file():
         raise ModelError(f"model {spec!r}: no config.json in {path} (expected a Hugging Face model folder)")
