@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -11,7 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_gpu_check_script_cpu_path_runs() -> None:
     done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "STEPS": "2", "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "STEPS": "2", "PYTHONPATH": str(REPO),  # the script's `python`:
+                               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "all runs finished with finite losses" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith(("tiny-causal-lm/", "minilm/"))]

@@ -234,11 +234,22 @@ class Guard:
     def after_eval(self, eval_loss: float, best: float | None) -> Snapshot | None:
         """An evaluation within ``worse_than_best`` of the best verifies the pending snapshots
         sooner (the newest becomes the target)."""
-        if not self.pending or not math.isfinite(eval_loss):
-            return None
-        if best is not None and eval_loss > best * (1.0 + float(self.k["worse_than_best"])):
+        if not self.pending or not self.eval_in_band(eval_loss, best):
             return None
         return self._verify(self.pending[-1])
+
+    def eval_in_band(self, eval_loss: float, best: float | None) -> bool:
+        return math.isfinite(eval_loss) and (best is None or eval_loss <= best * (1.0 + float(self.k["worse_than_best"])))
+
+    def verify_current(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> Snapshot | None:
+        """The state an evaluation just measured in band, after a clean step: verified now."""
+        held = next((p for p in self.pending if p.step == step), None)
+        if held is not None:
+            return self._verify(held)
+        if self.take_snapshot(step, model, optimizer, scheduler, scaler, verified=True) and \
+                self.snapshot is not None and self.snapshot.step == step:
+            return self.snapshot
+        return None
 
     def _verify(self, snap: Snapshot) -> Snapshot:
         self.pending = [p for p in self.pending if p.step > snap.step]
@@ -260,7 +271,8 @@ class Guard:
         """Snapshot the trainable state as pending (or as the verified target: the start of a
         run); refused (False) when a weight is non-finite or above ``weight_bound``. The
         optimizer's moments are not kept: a rollback resets them anyway."""
-        if any(p.step == step for p in self.pending) or (self.snapshot is not None and self.snapshot.step == step):
+        if (any(p.step == step for p in self.pending) and not verified) or \
+                (self.snapshot is not None and self.snapshot.step == step):
             return True  # this state is already held (verified, or waiting)
         tensors = trainable_state(model)
         bound = float(self.k["weight_bound"])

@@ -257,6 +257,9 @@ class Trainer:
                 model.train()
                 if guard is not None:
                     self._verified(guard.after_eval(last_eval["loss"], best["metric"]), step, events, main, lr)
+                    if applied and not verdict.anomalies and guard.eval_in_band(last_eval["loss"], best["metric"]):
+                        self._verified(guard.verify_current(step, raw_model, optimizer, scheduler, scaler), step,
+                                       events, main, lr)  # the state this eval measured
                 is_best, stopped_early = update_best(best, last_eval, cfg.early_stopping_patience)
             if is_best or step % cfg.save_every == 0 or step == total or stopped_early:
                 if is_best:
