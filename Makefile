@@ -17,11 +17,13 @@ install:
 
 install-dev:
 	$(PIP_INSTALL) -e ".[dev]"
+	$(PIP) --no-deps -r requirements/no-deps.txt
 	bash scripts/install_chromium.sh
 
 # No lock: only constraints.txt (the CPU torch that lies on disk) and pyproject.toml's ranges.
 install-latest:
 	$(PIP) --upgrade --upgrade-strategy eager -c constraints.txt -e ".[dev]"
+	$(PIP) --no-deps -r requirements/no-deps.txt
 	bash scripts/install_chromium.sh
 
 demo: install
