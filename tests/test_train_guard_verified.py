@@ -230,3 +230,21 @@ def test_fp16_overflows_become_anomalies_once_they_persist():
     assert guard.skips_in_a_row == 0
     low = guard.scaler_skipped(5, 0.5)  # below the floor: an anomaly at once
     assert low.anomalies and low.rollback  # the second anomaly in the window
+
+
+def test_a_new_curriculum_phase_restarts_the_spike_windows():
+    """Admitting new classes raises the loss for a good reason: not a spike (the ready classify
+    config rolled back at each phase change before)."""
+    guard, model, opt = _guard()
+    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    guard.enter_phase(1, 1)
+    for step in range(1, 31):
+        guard.check(step, 1.0 + 0.01 * (step % 3), 1.0, True, [])
+        guard.accept(1.0 + 0.01 * (step % 3), 1.0)
+    guard.enter_phase(2, 31)
+    assert not guard.check(31, 2.5, 1.0, True, []).anomalies  # the windows restarted
+    guard.enter_phase(2, 32)  # the same phase: nothing changes
+    for step in range(32, 52):
+        guard.check(step, 2.5, 1.0, True, [])
+        guard.accept(2.5, 1.0)
+    assert guard.check(52, 9.0, 1.0, True, []).anomalies  # a spike within the phase is still one

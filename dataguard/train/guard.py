@@ -126,6 +126,7 @@ class Guard:
         self.warmup_steps = int(warmup_steps)  # their fast-falling losses never enter the windows
         self.pending: list[Snapshot] = []  # oldest first; each waits for its clean steps
         self.current_step = 0  # the step `check` judged last (`accept` follows it)
+        self.phase: int | None = None  # the curriculum phase of the last step
         self.skips_in_a_row = 0
         self.loss_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
         self.gnorm_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
@@ -213,6 +214,15 @@ class Guard:
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.loss_window.append(float(loss))
             self.gnorm_window.append(float(grad_norm))
+
+    def enter_phase(self, phase: int, step: int) -> None:
+        """A new curriculum phase admits new classes: the loss moves for a good reason, so the
+        spike windows start again (no z-score until they refill)."""
+        if phase != self.phase:
+            if self.phase is not None:
+                self.loss_window.clear()
+                self.gnorm_window.clear()
+            self.phase = phase
 
     # ------------------------------------------------------------------ verification
     def after_step(self, applied: bool, verdict: Verdict) -> Snapshot | None:
@@ -319,7 +329,7 @@ class Guard:
         return {"loss_window": list(self.loss_window), "gnorm_window": list(self.gnorm_window),
                 "anomaly_steps": list(self.anomaly_steps), "rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "recover_until": self.recover_until, "bad_rows": list(self.bad_rows),
-                "first_layer": self.first_layer, "skips_in_a_row": self.skips_in_a_row,
+                "first_layer": self.first_layer, "skips_in_a_row": self.skips_in_a_row, "phase": self.phase,
                 "verified_step": self.snapshot.step if self.snapshot is not None else None,
                 "pending": [{"step": p.step, "clean_steps": p.clean_steps} for p in self.pending]}
 
@@ -333,6 +343,7 @@ class Guard:
         self.bad_rows = list(state.get("bad_rows", []))
         self.first_layer = state.get("first_layer")
         self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
+        self.phase = state.get("phase")
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:

@@ -177,6 +177,8 @@ class Trainer:
             verdict, stats, ratios, hist = Verdict(), None, None, None
             monitor_step = now_step % cfg.monitor_every == 0
             phase = sampler.phase + 1  # the phase this step's batches are drawn in
+            if guard is not None:
+                guard.enter_phase(phase, now_step)  # a new curriculum phase moves the loss legitimately
             drawn = draw_step(accelerator, sampler, enc, task=cfg.task, grad_accum=cfg.grad_accum, pad_id=pad_id,
                               rank=rank, world=world, class_weights=class_weights)  # slices, step denominator
             for idx, batch in drawn:
