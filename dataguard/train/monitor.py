@@ -66,6 +66,7 @@ class Monitor:
         self.params = [p for ps in self.layers.values() for p in ps]
         self.index = torch.tensor([i for i, ps in enumerate(self.layers.values()) for _ in ps])
         self._before: list[torch.Tensor] | None = None
+        self._buffers: list[torch.Tensor] | None = None
 
     def _with_grads(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, idx = [], []
@@ -108,8 +109,8 @@ class Monitor:
         g_sum = torch.stack([g.sum() for g in grads]).double()
         w_sum = torch.stack([w.sum() for w in ps]).double()
         count = torch.tensor([g.numel() for g in grads], dtype=torch.float64, device=g_sq.device)
-        big_g = torch.stack([(g.abs() > BIG_GRAD).sum() for g in grads]).sum()
-        big_w = torch.stack([(w.abs() > BIG_WEIGHT).sum() for w in ps]).sum()
+        big_g = _count_above(grads, BIG_GRAD)
+        big_w = _count_above(ps, BIG_WEIGHT)
         per = torch.stack([self._per_layer(v, idx, squared=False) for v in (g_sq, w_sq, g_sum, w_sum, count)])
         host = torch.cat([per.flatten(), torch.stack([big_g, big_w]).double()]).tolist()
         n = len(self.names)
@@ -129,23 +130,28 @@ class Monitor:
                 "n_big_grads": int(host[-2]), "n_big_weights": int(host[-1])}
 
     def begin_update(self) -> None:
-        """Keep a copy of the weights to measure the next update."""
-        self._before = [p.detach().clone() for p in self.params]
+        """Copy the weights to measure the next update, into buffers kept between monitor steps
+        (allocating a full copy every time cost as much as the copy itself on a CPU)."""
+        if self._buffers is None or len(self._buffers) != len(self.params):
+            self._buffers = [torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params]
+        torch._foreach_copy_(self._buffers, [p.detach() for p in self.params])
+        self._before = self._buffers
 
     def update_ratios(self) -> dict[str, float | None]:
         """||delta W|| / ||W|| per layer since `begin_update` (empty without one)."""
         if self._before is None:
             return {}
         now = [p.detach() for p in self.params]
-        delta = torch._foreach_sub(now, self._before)
-        self._before = None
+        torch._foreach_sub_(self._before, now)  # in place: the buffers hold the update now (sign aside)
+        delta, self._before = self._before, None
         d = self._per_layer(torch.stack(torch._foreach_norm(delta)).double(), self.index)
         w = self._per_layer(torch.stack(torch._foreach_norm(now)).double(), self.index)
         ratio = (d.sqrt() / w.sqrt()).tolist()
         return {n: _finite(r) for n, r in zip(self.names, ratio, strict=True)}
 
     def max_abs_weight(self) -> float:
-        return float(torch.stack([p.detach().abs().max() for p in self.params]).max())
+        """The largest |w| (an inf-norm per tensor: no |w| copy is made)."""
+        return float(torch.stack(torch._foreach_norm([p.detach() for p in self.params], float("inf"))).max())
 
     def histograms(self) -> dict[str, dict[str, list[float]]]:
         """log10 |grad| histograms per layer (zeros and non-finite entries left out)."""
@@ -161,3 +167,13 @@ class Monitor:
                 torch.zeros(bins)
             out[name] = {"edges": list(HIST_EDGES), "counts": [int(c) for c in counts.tolist()]}
         return out
+
+
+def _count_above(tensors: list[torch.Tensor], bound: float) -> torch.Tensor:
+    """How many entries exceed ``bound`` in magnitude; counted only in the tensors whose
+    inf-norm exceeds it (usually none), so the common case makes no |x| copies."""
+    peaks = torch.stack(torch._foreach_norm(tensors, float("inf")))
+    over = [t for t, peak in zip(tensors, (peaks > bound).tolist(), strict=True) if peak]
+    if not over:
+        return torch.zeros((), dtype=torch.long, device=peaks.device)
+    return torch.stack([(t.abs() > bound).sum() for t in over]).sum()
