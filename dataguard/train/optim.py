@@ -5,11 +5,30 @@ skipped step), so it is the same whatever the accumulation and it resumes from t
 scheduler's own counter. Clipping is layer-wise first (per module type: by value or by norm),
 then global L2 ``clip_grad_norm_``; a non-finite gradient is reported so the caller skips the
 step: it never reaches the weights.
+
+Tied embeddings (Qwen2.5 0.5B-3B, SmolLM2, Gemma, Llama-3.2 1B/3B: ``lm_head.weight`` *is*
+``embed_tokens.weight``). ``named_parameters`` yields a shared tensor once, under its first
+name, so the kind-by-name split would file it as embeddings (x0.1 lr, value clip 0.5) and
+leave the head empty. Rule: **a tied matrix is the output head too, so it trains as the head
+(the head's lr multiplier, the head's clipping rule) and keeps the embeddings' no weight
+decay**; it gets a group of its own, kind ``head``, rule ``embeddings (tied to head)`` (what
+the printed table, ``param_groups.txt`` and run.json show), and is in exactly one group.
+Why: its gradient is dominated by the head side (every position, a dense softmax gradient
+over the whole vocabulary) while the embedding side adds a few sparse rows; at x0.1 the
+whole output projection would learn ten times slower than in the untied model, and a 0.5
+value clip meant for sparse rare-token rows would bend the head's dense gradient. No decay
+because decaying a row shrinks a rarely-seen token both as an input and as a logit. An
+``lr_patterns`` regex matching any of its names (``lm_head`` included) still wins.
+Tying is detected on the model, not on ``config.tie_word_embeddings`` alone (that flag
+defaults to True on classifiers that have no LM head): one trainable tensor reached under an
+embeddings name and a head name (same Parameter, or the same storage), or the input and
+output embeddings' weights being the same tensor.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,15 +37,100 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from dataguard.train.model import param_groups
+from dataguard.train.model import module_kind, param_groups
 
 DEFAULT_CLIP_RULES = {"embeddings": {"value": 0.5}, "attention": {"norm": 1.0}}
+TIED_RULE = "embeddings (tied to head)"
+
+
+def _storage(p: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
+    if p.numel() == 0 or p.device.type == "meta":
+        return None
+    return (p.data_ptr(), tuple(p.shape))
+
+
+def _io_weight(model: nn.Module, getter: str) -> Any:
+    try:
+        return getattr(getattr(model, getter)(), "weight", None)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+
+
+def tied_parameters(model: nn.Module) -> dict[int, list[str]]:
+    """``id(param)`` -> every name of a trainable tensor that is both an input embedding and
+    the output head (see the module docstring); empty for an untied model."""
+    names: dict[int, list[str]] = {}
+    params: dict[int, nn.Parameter] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad:
+            names.setdefault(id(p), []).append(name)
+            params[id(p)] = p
+    by_storage: dict[Any, list[int]] = {}
+    for pid, p in params.items():
+        by_storage.setdefault(_storage(p) or ("id", pid), []).append(pid)
+    inp, out = _io_weight(model, "get_input_embeddings"), _io_weight(model, "get_output_embeddings")
+    same_io = (isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor)
+               and (inp is out or (_storage(inp) is not None and _storage(inp) == _storage(out))))
+    tied: dict[int, list[str]] = {}
+    for pids in by_storage.values():
+        all_names = [n for pid in pids for n in names[pid]]
+        by_io = same_io and any(params[pid] is inp or params[pid] is out for pid in pids)
+        if by_io or (len(all_names) > 1 and {"embeddings", "head"} <= {module_kind(n) for n in all_names}):
+            for pid in pids:
+                tied[pid] = all_names
+    return tied
+
+
+def _tied_groups(groups: list[dict[str, Any]], tied: Mapping[int, list[str]], cfg: Any) -> list[dict[str, Any]]:
+    """Move every tied tensor out of the group its first name put it in, into a group of its
+    own with the tied rule; groups left empty go."""
+    head_mult = float((getattr(cfg, "lr_multipliers", None) or {}).get("head", 1.0))
+    patterns = [(re.compile(p), float(m)) for p, m in (getattr(cfg, "lr_patterns", None) or {}).items()]
+    out: list[dict[str, Any]] = []
+    for g in groups:
+        keep = [(p, n) for p, n in zip(g["params"], g["names"], strict=True) if id(p) not in tied]
+        for p, name in zip(g["params"], g["names"], strict=True):
+            if id(p) not in tied:
+                continue
+            mult, rule = head_mult, TIED_RULE
+            for rx, m in patterns:
+                if any(rx.search(n) for n in tied[id(p)]):
+                    mult, rule = m, f"pattern {rx.pattern}; {TIED_RULE}"
+                    break
+            out.append({"params": [p], "names": [name], "kind": "head", "lr": float(cfg.lr) * mult,
+                        "lr_mult": mult, "weight_decay": 0.0, "rule": rule,
+                        "tied_names": list(tied[id(p)]), "n_params": p.numel()})
+        if keep:
+            g = dict(g, params=[p for p, _ in keep], names=[n for _, n in keep])
+            g["n_params"] = sum(p.numel() for p in g["params"])
+            out.append(g)
+    return out
+
+
+def clip_kinds(model: nn.Module, kinds: Mapping[str, list[nn.Parameter]]) -> dict[str, list[nn.Parameter]]:
+    """``kinds`` with every tied tensor filed under ``head`` only (the head's clipping rule)."""
+    tied = tied_parameters(model)
+    if not tied:
+        return dict(kinds)
+    out = {k: [p for p in ps if id(p) not in tied] for k, ps in kinds.items()}
+    head = out.setdefault("head", [])
+    seen = {id(p) for p in head}
+    for ps in kinds.values():
+        for p in ps:
+            if id(p) in tied and id(p) not in seen:
+                head.append(p)
+                seen.add(id(p))
+    return out
 
 
 def build_optimizer(model: nn.Module, cfg: Any) -> tuple[torch.optim.AdamW, list[dict[str, Any]]]:
-    """torch AdamW on `param_groups` (layer-wise lr, no decay on norms/biases/embeddings)."""
+    """torch AdamW on `param_groups` (layer-wise lr, no decay on norms/biases/embeddings); a
+    tied embedding/head matrix gets its own group under the tied rule (module docstring)."""
     groups = param_groups(model, cfg)
-    torch_groups = [{k: v for k, v in g.items() if k not in ("names", "n_params")} for g in groups]
+    tied = tied_parameters(model)
+    if tied:
+        groups = _tied_groups(groups, tied, cfg)
+    torch_groups = [{k: v for k, v in g.items() if k not in ("names", "n_params", "tied_names")} for g in groups]
     optimizer = torch.optim.AdamW(torch_groups, lr=float(cfg.lr), betas=(0.9, 0.999), eps=1e-8)
     return optimizer, groups
 
@@ -97,7 +201,8 @@ def grad_norm(params: Iterable[nn.Parameter]) -> torch.Tensor:
 
 def clip_gradients(model: nn.Module, cfg: Any, kinds: Mapping[str, list[nn.Parameter]]) -> ClipResult:
     """Layer-wise rules (``cfg.clip_rules``: kind -> {"value": v} or {"norm": n}), then global
-    ``clip_grad_norm_(max_norm, 2.0)``. Nothing is modified when a gradient is not finite."""
+    ``clip_grad_norm_(max_norm, 2.0)``. Nothing is modified when a gradient is not finite.
+    A tied embedding/head matrix follows the head's rule, whatever ``kinds`` filed it under."""
     params = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
     pre = grad_norm(params)
     if not torch.isfinite(pre):
@@ -105,6 +210,7 @@ def clip_gradients(model: nn.Module, cfg: Any, kinds: Mapping[str, list[nn.Param
     rules = getattr(cfg, "clip_rules", None)
     rules = DEFAULT_CLIP_RULES if rules is None else rules
     applied: dict[str, float] = {}
+    kinds = clip_kinds(model, kinds)
     for kind, rule in rules.items():
         group = [p for p in kinds.get(kind, []) if p.grad is not None]
         if not group:
