@@ -1,9 +1,19 @@
 """Rows -> tokenized examples: SFT (loss on assistant tokens only, optional packing) and
 classification (text + class id); `Encoded.collate` pads a micro-batch (right padding,
-attention mask 0 on padding, labels -100 on padding and on every non-assistant token)."""
+attention mask 0 on padding, labels -100 on padding and on every non-assistant token).
+
+Chat templates that refuse a conversation (they call ``raise_exception``: Gemma's rejects a
+system role, Mistral's wants user/assistant turns alternating) never stop a run. Where the
+row starts with system turns, they are folded into its first user turn (the system text, a
+blank line, the user text; what Gemma's newer template does itself) and the row is rendered
+again; a row the template still refuses is left out and counted as ``template_refused`` in
+``Encoded.dropped`` (run.json's ``dropped``), like the other dropped rows. Folded rows are
+counted in ``Encoded.folded_system``.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from jinja2.exceptions import TemplateError
 
 from dataguard.records import PROMPT_ROLES
 from dataguard.train.errors import TrainDataError
@@ -19,6 +30,8 @@ from dataguard.train.labels import LabelMap
 from dataguard.train.shards import _ids, row_repeat, row_weights
 
 IGNORE_INDEX = -100
+TEMPLATE_REFUSED = "template_refused"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,6 +46,7 @@ class Encoded:
     repeat: np.ndarray | None = None
     dropped: dict[str, int] = field(default_factory=dict)
     packed_rows: list[list[str]] | None = None
+    folded_system: int = 0  # rows whose system turns were folded into the first user turn
 
     def __post_init__(self) -> None:
         if self.repeat is None:
@@ -103,6 +117,37 @@ def assistant_char_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tupl
     return full, spans
 
 
+def fold_system(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The conversation with its leading system turns folded into the first user turn
+    (``system + "\n\n" + user``), or None when there is nothing to fold or it cannot be
+    folded (no user turn right after them, or a system turn later in the conversation)."""
+    n = 0
+    while n < len(messages) and messages[n]["role"] == "system":
+        n += 1
+    if n == 0 or n == len(messages) or messages[n]["role"] != "user":
+        return None
+    if any(m["role"] == "system" for m in messages[n:]):
+        return None
+    parts = [m["content"] for m in messages[: n + 1] if m["content"]]
+    return [{"role": "user", "content": "\n\n".join(parts)}, *messages[n + 1:]]
+
+
+def render_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]], bool]:
+    """`assistant_char_spans`, with the system turns folded into the first user turn when the
+    template refuses the conversation as it is; returns (text, spans, folded). Raises
+    TemplateError (or TypeError) when the template refuses it folded too, ValueError when
+    the template is not prefix-stable."""
+    try:
+        text, spans = assistant_char_spans(tokenizer, messages)
+        return text, spans, False
+    except (TemplateError, TypeError):
+        folded = fold_system(messages)
+        if folded is None:
+            raise
+    text, spans = assistant_char_spans(tokenizer, folded)
+    return text, spans, True
+
+
 def _token_labels(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and labels: the id inside an assistant span, else -100."""
     if getattr(tokenizer, "is_fast", False):
@@ -128,7 +173,8 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
                packing: bool = False) -> Encoded:
     """Rows' ``messages`` -> token ids with the tokenizer's own chat template; loss only on
     assistant tokens; the start is kept when a row is longer than ``max_length``. Rows left
-    without an assistant token are dropped and counted in ``Encoded.dropped``."""
+    without an assistant token, or that the template refuses even with the system turns
+    folded into the first user turn, are dropped and counted in ``Encoded.dropped``."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TrainDataError("the tokenizer has no chat template; SFT needs one to render conversations")
     weights, repeat, ids_all = row_weights(table), row_repeat(table), _ids(table)
@@ -136,16 +182,23 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
     out_ids: list[list[int]] = []
     out_labels: list[list[int]] = []
     keep: list[int] = []
+    folded = 0
+    refusal = ""
     for i, row in enumerate(table.column("messages").to_pylist()):
         messages = _messages(row)
         if not any(m["role"] == "assistant" for m in messages):
             dropped["no_assistant_message"] += 1
             continue
         try:
-            text, spans = assistant_char_spans(tokenizer, messages)
+            text, spans, was_folded = render_spans(tokenizer, messages)
+        except (TemplateError, TypeError) as exc:  # the template's raise_exception, or its bad input
+            dropped[TEMPLATE_REFUSED] += 1
+            refusal = refusal or f"{type(exc).__name__}: {exc}"
+            continue
         except ValueError:
             dropped["template_not_prefix_stable"] += 1
             continue
+        folded += was_folded
         ids, labels = _token_labels(tokenizer, text, spans)
         if max_length is not None and len(ids) > max_length:
             ids, labels = ids[:max_length], labels[:max_length]
@@ -155,10 +208,15 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
         out_ids.append(ids)
         out_labels.append(labels)
         keep.append(i)
+    if folded:
+        log.info("chat template refused a system turn: folded into the first user turn in %d rows", folded)
+    if dropped[TEMPLATE_REFUSED]:
+        log.warning("chat template refused %d rows, left out (first: %s)", dropped[TEMPLATE_REFUSED], refusal)
     if not keep:
-        raise TrainDataError(f"no SFT row left to train on (dropped: {dict(dropped)})")
+        hint = f"; the chat template refused them ({refusal})" if refusal else ""
+        raise TrainDataError(f"no SFT row left to train on (dropped: {dict(dropped)}){hint}")
     enc = Encoded(input_ids=out_ids, labels=out_labels, row_ids=[ids_all[i] for i in keep],
-                  weights=weights[keep], repeat=repeat[keep], dropped=dict(dropped))
+                  weights=weights[keep], repeat=repeat[keep], dropped=dict(dropped), folded_system=folded)
     return pack(enc, max_length) if packing else enc
 
 
@@ -185,7 +243,7 @@ def pack(enc: Encoded, max_length: int | None) -> Encoded:
         labels=[[t for i in p for t in enc.labels[i]] for p in packs],  # type: ignore[misc]
         row_ids=["+".join(enc.row_ids[i] for i in p) for p in packs],
         weights=np.array([float(np.mean(enc.weights[p])) for p in packs], dtype=np.float64),
-        repeat=np.ones(len(packs), dtype=np.int64), dropped=dict(enc.dropped),
+        repeat=np.ones(len(packs), dtype=np.int64), dropped=dict(enc.dropped), folded_system=enc.folded_system,
         packed_rows=[[enc.row_ids[i] for i in p] for p in packs])
 
 
