@@ -76,8 +76,11 @@ def cache_root() -> Path:
 
 def model_hash(model_dir: Path) -> str:
     """SHA-256 over every file of the model folder (relative name, size, content); memoised
-    per process by (name, size, mtime) so a worker hashes a 90 MB model once."""
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and ".git" not in p.parts)
+    per process by (name, size, mtime) so a worker hashes a 90 MB model once. Git metadata and
+    Python's bytecode caches are left out: a model shipped in a package gains a __pycache__
+    when the package is imported, and that must not make a new cache entry."""
+    files = sorted(p for p in model_dir.rglob("*")
+                   if p.is_file() and ".git" not in p.parts and "__pycache__" not in p.parts and p.suffix != ".pyc")
     stamp = tuple((str(p.relative_to(model_dir)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     key = (str(model_dir.resolve()), stamp)
     if key not in _MODEL_HASHES:
