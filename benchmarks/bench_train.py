@@ -118,7 +118,7 @@ What changed since the previous measurement (120 steps, commit 551598c: (a) 20.1
   logistic model on frozen MiniLM embeddings of the full clean train set reaches 92.5%,
   bench_label_noise.py), so this compares arms early in a fine-tune, not converged models.
 
-Ready config on the hidden slice (issue #23), measured 2026-12-01 22:29-22:44 UTC on the
+Ready config on the hidden slice (issue #23), measured 2026-12-01 22:29-22:57 UTC on the
 shared 2-core CPU (load average 4-5.7 from other jobs), dataguard at commit 8debab0, with
 
     python benchmarks/bench_train.py --ready --threads-ready 1
@@ -129,8 +129,13 @@ shared 2-core CPU (load average 4-5.7 from other jobs), dataguard at commit 8deb
 | train_classify.yaml before (max_steps 20, lr 1e-4, batch 16) | 35.5 | 284 | 96 |
 | 4 epochs, lr 1e-4, curriculum on (an intermediate setting) | 90.0 | 720 | 645 |
 | train_classify.yaml now: best held-out checkpoint (step 275 of 296) | 98.0 | 784 | 756 |
+| the same, train seed 1 (``--set seed=1``; its own held-out split): best checkpoint (step 200) | 96.2 | 770 | 662 |
+| the same, train seed 1: last checkpoint (step 296) | 97.5 | 780 | 662 |
 
-The committed config matches the probe (+1 test row: equal within noise, not better); its
+With seed 0 the committed config matches the probe (+1 test row: equal within noise, not
+better); with seed 1 it falls short (-13 rows for the checkpoint best.json names, picked by the
+held-out loss on 261 rows; -3 rows for the last one). So "at least the probe" holds for one of
+two seeds: the config reaches the probe's level, not reliably above it. With seed 0 the
 held-out split (261 rows) reached 98.1% accuracy at step 175 and stayed within a row of it.
 296 steps = 4 epochs of 74 steps; one torch thread, median 2.1 s per step under that load
 (a plain PyTorch step of the same model and batch size took 0.6-0.9 s with one thread at
