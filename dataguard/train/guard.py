@@ -127,6 +127,7 @@ class Guard:
         self.pending: list[Snapshot] = []  # oldest first; each waits for its clean steps
         self.current_step = 0  # the step `check` judged last (`accept` follows it)
         self.phase: int | None = None  # the curriculum phase of the last step
+        self._spare: list[dict[str, torch.Tensor]] = []  # tensors of dropped snapshots, reused
         self.skips_in_a_row = 0
         self.loss_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
         self.gnorm_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
@@ -230,6 +231,7 @@ class Guard:
         ``verify_steps``-th clean applied step verifies one (returned, so the loop can mark its
         checkpoint)."""
         if verdict.anomalies or verdict.rollback or verdict.stop:
+            self._drop(self.pending)
             self.pending = []
             return None
         if not applied:
@@ -262,6 +264,7 @@ class Guard:
         return None
 
     def _verify(self, snap: Snapshot) -> Snapshot:
+        self._drop([p for p in self.pending if p.step < snap.step] + ([self.snapshot] if self.snapshot else []))
         self.pending = [p for p in self.pending if p.step > snap.step]
         snap.verified = True
         self.snapshot = snap
@@ -284,18 +287,21 @@ class Guard:
         if (any(p.step == step for p in self.pending) and not verified) or \
                 (self.snapshot is not None and self.snapshot.step == step):
             return True  # this state is already held (verified, or waiting)
-        tensors = trainable_state(model)
+        tensors = trainable_state(model, self._spare.pop() if self._spare else None)
         bound = float(self.k["weight_bound"])
         for value in tensors.values():
             if value.is_floating_point() and value.numel() and not bool(value.abs().max() <= bound):
+                self._spare.append(tensors)
                 return False  # NaN compares False too
         groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         snap = Snapshot(step=step, model=tensors, optimizer={"param_groups": groups},
                         scheduler=None, scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
                         verified=verified)
         if verified:
+            self._drop(self.pending + ([self.snapshot] if self.snapshot else []))
             self.snapshot, self.pending = snap, []
         else:
+            self._drop(self.pending[:-1])
             self.pending = [*self.pending[-1:], snap]  # at most two wait: memory stays bounded
         return True
 
@@ -317,12 +323,20 @@ class Guard:
         if scaler is not None and snap.scaler is not None:
             scaler.load_state_dict(copy.deepcopy(snap.scaler))
         optimizer.zero_grad(set_to_none=True)
+        self._drop(self.pending)
         self.pending = []
         self.rollbacks += 1
         self.lr_scale *= float(self.k["lr_backoff"])
         self.recover_until = step + int(self.k["recovery_steps"])
         self.anomaly_steps = []
         return snap.step
+
+    def _drop(self, snaps: list[Snapshot]) -> None:
+        """Keep the tensors of snapshots let go, for the next snapshot to copy into: a new full
+        copy every ``snapshot_every`` steps cost as much in allocation as in copying."""
+        for snap in snaps:
+            if snap is not None and len(self._spare) < 2:
+                self._spare.append(snap.model)
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
@@ -346,14 +360,18 @@ class Guard:
         self.phase = state.get("phase")
 
 
-def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+def trainable_state(model: Any, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Copies of what an optimizer step can change: trainable parameters and buffers (for
-    LoRA the adapter, not the frozen base: a snapshot of a 7B base would double its memory)."""
-    out = {}
-    for key, value in model.state_dict(keep_vars=True).items():
-        if not isinstance(value, torch.nn.Parameter) or value.requires_grad:
-            out[key] = value.detach().clone()
-    return out
+    LoRA the adapter, not the frozen base: a snapshot of a 7B base would double its memory),
+    written into ``into`` (a dropped snapshot's tensors) when their shapes still match."""
+    live = {key: value.detach() for key, value in model.state_dict(keep_vars=True).items()
+            if not isinstance(value, torch.nn.Parameter) or value.requires_grad}
+    if into is not None and into.keys() == live.keys() and all(
+            into[k].shape == v.shape and into[k].dtype == v.dtype and into[k].device == v.device
+            for k, v in live.items()):
+        torch._foreach_copy_([into[k] for k in live], list(live.values()))
+        return into
+    return {key: value.clone() for key, value in live.items()}
 
 
 def write_diagnosis(run_dir: Path, step: int, cause: str, first_layer: str | None, rows: list[str],
