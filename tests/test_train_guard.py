@@ -241,3 +241,24 @@ def test_monitor_values_and_histograms_reach_tensorboard(data, tmp_path):
     assert any(t.startswith("grad_log10/layers.") for t in histograms)
     steps = {e.step for e in acc.Histograms(sorted(histograms)[0])}
     assert steps == {2, 4}
+
+
+def test_histograms_sample_a_large_layer_and_scale_the_counts_back():
+    """A 2M-entry gradient (an embedding of a large vocabulary) is read through a seeded
+    sample, never copied whole; the counts still add up to about the layer's size and keep
+    its shape."""
+    from dataguard.train.monitor import HIST_SAMPLE, Monitor
+
+    model = torch.nn.Sequential(torch.nn.Embedding(40_000, 50), torch.nn.Linear(50, 4))
+    gen = torch.Generator().manual_seed(0)
+    big = torch.full((40_000, 50), 1e-3)
+    big[::2] = 1e-6  # half the rows at 1e-6, half at 1e-3
+    model[0].weight.grad = big
+    model[1].weight.grad = torch.rand(4, 50, generator=gen) + 0.5
+    hists = Monitor(model).histograms()
+    emb = next(h for name, h in hists.items() if h["sampled_every"] > 1)
+    assert emb["sampled_every"] == -(-2_000_000 // HIST_SAMPLE)
+    counts = dict(zip(emb["edges"][:-1], emb["counts"], strict=True))
+    in_layer = sum(p.grad.numel() for p in model.parameters() if p.grad is not None)  # both: one "layer"
+    assert abs(sum(emb["counts"]) - in_layer) <= 50
+    assert abs(counts[-6.0] - counts[-3.0]) <= 0.02 * 2_000_000  # both halves, in their bins

@@ -26,6 +26,7 @@ from torch import nn
 BIG_GRAD = 1e5
 BIG_WEIGHT = 1e6
 HIST_EDGES = [float(e) for e in range(-12, 7)]  # log10 |grad| from 1e-12 to 1e6
+HIST_SAMPLE = 1 << 18  # entries per layer a histogram reads at most
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
 
@@ -154,18 +155,28 @@ class Monitor:
         return float(torch.stack(torch._foreach_norm([p.detach() for p in self.params], float("inf"))).max())
 
     def histograms(self) -> dict[str, dict[str, list[float]]]:
-        """log10 |grad| histograms per layer (zeros and non-finite entries left out)."""
+        """log10 |grad| histograms per layer (zeros and non-finite entries left out), from a
+        seeded sample of about ``HIST_SAMPLE`` entries per layer, counts scaled back up: a
+        150k-row embedding's gradient is never copied whole."""
         out: dict[str, dict[str, list[float]]] = {}
         lo, hi, bins = HIST_EDGES[0], HIST_EDGES[-1], len(HIST_EDGES) - 1
         for name, ps in self.layers.items():
-            grads = [p.grad.detach().flatten().float() for p in ps if p.grad is not None]
+            grads = [p.grad.detach().reshape(-1) for p in ps if p.grad is not None]
             if not grads:
                 continue
-            g = torch.cat(grads).abs()
+            total = sum(g.numel() for g in grads)
+            stride = max(1, -(-total // HIST_SAMPLE))
+            if stride > 1:  # seeded uniform positions: a stride would alias with the rows' period
+                gen = torch.Generator(device=grads[0].device).manual_seed(len(name))
+                grads = [g[torch.randint(0, g.numel(), (-(-g.numel() // stride),), generator=gen,
+                                         device=g.device)] for g in grads]
+            g = torch.cat([g.float() for g in grads]).abs()
+            scale = total / max(sum(x.numel() for x in grads), 1)
             g = g[(g > 0) & torch.isfinite(g)]
             counts = torch.histc(g.log10().clamp(lo, hi), bins=bins, min=lo, max=hi) if g.numel() else \
                 torch.zeros(bins)
-            out[name] = {"edges": list(HIST_EDGES), "counts": [int(c) for c in counts.tolist()]}
+            out[name] = {"edges": list(HIST_EDGES), "counts": [round(c * scale) for c in counts.tolist()],
+                         "sampled_every": stride}
         return out
 
 
