@@ -248,3 +248,31 @@ def test_a_new_curriculum_phase_restarts_the_spike_windows():
         guard.check(step, 2.5, 1.0, True, [])
         guard.accept(2.5, 1.0)
     assert guard.check(52, 9.0, 1.0, True, []).anomalies  # a spike within the phase is still one
+
+
+def test_sft_eval_loss_is_the_token_mean_whatever_the_batch_size(data):
+    """Rows of unequal length: a mean of per-batch means moved with batch_size; the token mean
+    does not (and equals the hand-computed mean over every supervised token)."""
+    from dataguard.train.data import RunShards, run_split
+    from dataguard.train.model import load_model
+    from dataguard.train.prepare import encode_split
+
+    torch.manual_seed(0)
+    model, tokenizer = load_model("sft", "tiny-causal-lm")
+    cfg = _cfg(data, Path("unused"), [])
+    shards = RunShards.open(cfg.data, task="sft")
+    train_idx, val_idx, _ = run_split(shards, cfg.eval_fraction, cfg.seed)
+    _, val, _ = encode_split(cfg, shards, tokenizer, None, train_idx, val_idx, lambda _: None)
+    kw = {"task": "sft", "pad_id": tokenizer.pad_token_id or 0, "offsets": None, "logit_adjustment": False,
+          "device": torch.device("cpu")}
+    by_size = [evaluate(model, val, batch_size=b, **kw)["loss"] for b in (1, 3, 7)]
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(val)):
+            batch = val.collate([i], kw["pad_id"])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            labels = batch["labels"][:, 1:]
+            mask = labels != -100
+            tok = torch.nn.functional.cross_entropy(logits[:, :-1][mask], labels[mask], reduction="sum")
+            total, tokens = total + float(tok), tokens + int(mask.sum())
+    assert max(by_size) - min(by_size) < 1e-4 and abs(by_size[0] - total / tokens) < 1e-4, (by_size, total / tokens)

@@ -1,4 +1,7 @@
-"""Validation: unweighted loss and accuracy of a model on encoded validation examples."""
+"""Validation: unweighted loss and accuracy of a model on encoded validation examples.
+
+The sft loss is the mean over every supervised token of the validation set (not a mean of
+per-batch means), so it does not depend on ``batch_size`` or on how rows fall into batches."""
 
 from __future__ import annotations
 
@@ -28,9 +31,11 @@ def evaluate(model: Any, encoded: Encoded, *, task: str, batch_size: int, pad_id
         batch = {k: v.to(device) for k, v in encoded.collate(idx, pad_id).items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         if task == "sft":
-            losses.append((float(causal_lm_loss(logits, batch["labels"])), len(idx)))
             pred, gold = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
             mask = gold != IGNORE_INDEX
+            # the sum of this batch's token losses, weighted by its token count below: the eval
+            # loss is the mean over every supervised token, as the training loss is
+            losses.append((float(causal_lm_loss(logits, batch["labels"], denominator=1.0)), 1))
             correct += int((pred[mask] == gold[mask]).sum())
             count += int(mask.sum())
             continue
@@ -45,7 +50,7 @@ def evaluate(model: Any, encoded: Encoded, *, task: str, batch_size: int, pad_id
             per_class[g][1] += 1
             correct += int(p == g)
             count += 1
-    n = sum(k for _, k in losses)
+    n = count if task == "sft" else sum(k for _, k in losses)  # sft: supervised tokens; classify: rows
     out = {"loss": sum(v * k for v, k in losses) / max(n, 1), "accuracy": correct / max(count, 1)}
     if per_class:
         out["balanced_accuracy"] = float(np.mean([c / t for c, t in per_class.values()]))
