@@ -293,6 +293,7 @@ def write_summary(run_dir: Path, cfg: TrainConfig, notes: list[str], groups: lis
     write_atomic(run_dir / "param_groups.txt", describe_groups(groups) + "\n")
     summary = {"config": cfg.to_dict(), "total_steps": total, "warmup_steps": warmup,
                "max_length": max_length, "processes": processes, "threads": threads, "train_examples": len(enc), "val_examples": len(val) if val else 0,
-               "split": split_source, "dropped": enc.dropped, "param_groups": groups_record(groups),
+               "split": split_source, "dropped": enc.dropped,
+               "folded_system": int(getattr(enc, "folded_system", 0)), "param_groups": groups_record(groups),
                "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes}
     write_atomic(run_dir / "run.json", json.dumps(summary, indent=1, default=str) + "\n")
