@@ -366,11 +366,13 @@ def load_checkpoint(path: str | Path, model: Any = None, optimizer: Any = None, 
         raise CheckpointError(f"{path}: damaged checkpoint: {damage}")
     try:
         state = json.loads((path / "state.json").read_text())
-        trainer = torch.load(path / "trainer_state.pt", weights_only=True)
+        # map_location: a run saved on GPUs resumes on another layout or on the CPU (the
+        # optimizer moves its state onto each parameter's device as it loads)
+        trainer = torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu")
         if model is not None:
             load_weights(model, path)
         if optimizer is not None:
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
     except CheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 - a checkpoint whose sums match but does not load

@@ -34,5 +34,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # as many devices as both layouts have
+        saved = list(state["cuda"])
+        for device in range(min(len(saved), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(saved[device].cpu(), device)
