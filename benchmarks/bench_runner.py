@@ -62,8 +62,10 @@ Whole-process CPU time is ``getrusage(RUSAGE_SELF)`` user + system at the end of
 table) and writes the top functions by cumulative time of the training loop to
 ``profile_<arm>.txt``: where dataguard's extra time per step goes, if any.
 
-Measured (2-core AMD EPYC VM, CPU, torch 2.13, transformers 5.24, peft 0.21, one process per
-side, defaults; 8 min wall, 8 min CPU; ``--device cuda`` not run yet):
+Measured at f5c4d7a, i.e. BEFORE cfdc372 (the SFT loss shifts the labels instead of copying
+the logits; not re-measured since), on a 2-core AMD EPYC VM, CPU, torch 2.13, transformers
+5.24, peft 0.21, one process per side, defaults; 8 min wall, 8 min CPU; ``--device cuda`` not
+run yet:
 
 | arm | dataguard s/step (median / mean) | HF s/step (median / mean) | ratio | dataguard peak RSS | HF peak RSS | ratio |
 |---|---|---|---|---|---|---|
@@ -77,8 +79,8 @@ more than the gap; ``--repeat 3`` narrows it. Memory: over the goal on both arms
   the same) shows dataguard's RSS growing for the first 4 steps (2.8 -> 3.4 GB) and then
   flat, where HF's stays at 2.8 GB; ``malloc_trim(0)`` after a step drops dataguard's RSS from
   2.8 GB to 1.05 GB while the live tensors are 0.52 GB: glibc keeps freed heap memory, and
-  the loop's allocation pattern (not found which part) likely leaves more of it stranded. The loss is not it: dataguard's
-  ``causal_lm_loss`` and HF's ``ForCausalLMLoss`` on (4, 256, 49152) logits have the same peak
+  the loop's allocation pattern (not found which part) likely leaves more of it stranded. The loss was not it: dataguard's
+  ``causal_lm_loss`` (before cfdc372) and HF's ``ForCausalLMLoss`` on (4, 256, 49152) logits have the same peak
   (+0.77 GB) and differ by ~0.1 s per step.
 * Full fine-tune (+1.9 GB): the above, plus live copies of the trainable weights: the guard's
   verified snapshot from step 0 (621 MB: `trainable_state` clones the tied
