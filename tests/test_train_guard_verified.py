@@ -276,3 +276,22 @@ def test_sft_eval_loss_is_the_token_mean_whatever_the_batch_size(data):
             tok = torch.nn.functional.cross_entropy(logits[:, :-1][mask], labels[mask], reduction="sum")
             total, tokens = total + float(tok), tokens + int(mask.sum())
     assert max(by_size) - min(by_size) < 1e-4 and abs(by_size[0] - total / tokens) < 1e-4, (by_size, total / tokens)
+
+
+def test_a_tied_matrix_is_snapshotted_once_and_a_rollback_restores_both_names():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    guard, _, _ = _guard()
+    opt = torch.optim.AdamW(model.parameters())
+    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    names = set(guard.snapshot.model)
+    assert ("lm_head.weight" in names) != ("model.embed_tokens.weight" in names)  # one copy, not two
+    saved = model.lm_head.weight.detach().clone()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(1.0)
+    guard.roll_back(1, model, opt, None, None)
+    assert torch.equal(model.lm_head.weight, saved) and model.lm_head.weight is model.model.embed_tokens.weight

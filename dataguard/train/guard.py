@@ -364,8 +364,16 @@ def trainable_state(model: Any, into: dict[str, torch.Tensor] | None = None) -> 
     """Copies of what an optimizer step can change: trainable parameters and buffers (for
     LoRA the adapter, not the frozen base: a snapshot of a 7B base would double its memory),
     written into ``into`` (a dropped snapshot's tensors) when their shapes still match."""
-    live = {key: value.detach() for key, value in model.state_dict(keep_vars=True).items()
-            if not isinstance(value, torch.nn.Parameter) or value.requires_grad}
+    live: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for key, value in model.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.nn.Parameter) and not value.requires_grad:
+            continue
+        where = (value.untyped_storage().data_ptr(), value.storage_offset())
+        if where in seen:  # a tied matrix (embed_tokens = lm_head): one copy restores both names
+            continue
+        seen.add(where)
+        live[key] = value.detach()
     if into is not None and into.keys() == live.keys() and all(
             into[k].shape == v.shape and into[k].dtype == v.dtype and into[k].device == v.device
             for k, v in live.items()):
