@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.readers import file_sha256
-from dataguard.io.safe_files import disk_full, no_space_error
+from dataguard.io.safe_files import disk_full, no_space_error, open_nofollow
 
 MARKER = "dataguard-cache.json"
 _MODEL_HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
@@ -139,7 +139,7 @@ def cached_artifact(kind: str, model_dir: Path, settings: dict[str, Any],
     except OSError as exc:
         raise OSError(f"dataguard cache {str(root)!r} cannot be created ({exc}); set DATAGUARD_CACHE "
                       "to a writable folder") from exc
-    with open(root / f"{name}.lock", "a") as lock:
+    with open_nofollow(root / f"{name}.lock", "a") as lock:  # a planted link is refused
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if _valid(entry):  # another process built it while we waited

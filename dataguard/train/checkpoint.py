@@ -246,8 +246,13 @@ def mark_verified(run_dir: str | Path, step: int, detail: str) -> Path | None:
 def resume_checkpoint(run_dir: str | Path, warn: Any = None) -> tuple[Path | None, bool]:
     """(the checkpoint a resume takes, whether it is verified): the newest intact verified
     one, else the newest intact one (a run stopped before any state was verified)."""
-    intact = [p for p in reversed(complete_checkpoints(run_dir)) if checkpoint_damage(p) is None]
-    newest_intact_checkpoint(run_dir, warn)  # names the damaged ones
+    intact = []
+    for path in reversed(complete_checkpoints(run_dir)):  # each hashed once
+        damage = checkpoint_damage(path)
+        if damage is None:
+            intact.append(path)
+        elif warn is not None:
+            warn(f"checkpoint {path.name} is damaged ({damage}); using the previous intact checkpoint")
     for path in intact:
         if is_verified(path):
             return path, True

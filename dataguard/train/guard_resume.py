@@ -30,8 +30,8 @@ def snapshot_to_save(guard: Guard | None, run_dir: Path, step: int) -> dict[str,
     out: dict[str, torch.Tensor] = {}
     held = ([guard.snapshot] if guard.snapshot is not None else []) + list(guard.pending)
     for snap in held:
-        if snap.step == step or (snap.verified and _intact(run_dir, snap.step)):
-            continue
+        if snap.step == step or (snap.verified and _complete(run_dir, snap.step)):
+            continue  # (its sums are checked when a resume reads it, not re-hashed at every save)
         # cloned: tied weights share storage, which safetensors refuses to write
         out.update({f"step-{snap.step}/{k}": v.detach().cpu().clone() for k, v in snap.model.items()})
     return out or None
@@ -61,6 +61,10 @@ def restore_guard(guard: Guard, saved: dict[str, Any], latest: Path, run_dir: Pa
         else:
             continue
         guard.pending[-1].clean_steps = clean
+
+
+def _complete(run_dir: Path, step: int) -> bool:
+    return (ckpt_mod.checkpoint_dir(run_dir) / f"step-{step:06d}" / ckpt_mod.COMPLETE).is_file()
 
 
 def _intact(run_dir: Path, step: int) -> bool:
