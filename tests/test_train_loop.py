@@ -3,6 +3,7 @@ skipped non-finite steps, evaluation / early stopping, LoRA on MiniLM and its co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -140,8 +141,8 @@ def test_non_finite_loss_skips_the_step(sft_run, tmp_path, monkeypatch):
 
     def poisoned(self, *args):
         calls["n"] += 1
-        loss = real(self, *args)
-        return loss * float("nan") if calls["n"] == 2 else loss
+        out = real(self, *args)
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if calls["n"] == 2 else out
 
     monkeypatch.setattr(Trainer, "_loss", poisoned)
     result = trainer.fit()

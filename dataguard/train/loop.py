@@ -57,9 +57,9 @@ from dataguard.train.data import Encoded, LabelMap
 from dataguard.train.errors import TrainDiverged, TrainError
 from dataguard.train.evaluate import IGNORE_INDEX, evaluate
 from dataguard.train.faults import garbage_batch, poison_grads, poison_loss
+from dataguard.train.forward import ForwardOut, forward_loss
 from dataguard.train.guard import Verdict
 from dataguard.train.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
-from dataguard.train.losses import causal_lm_loss, logit_adjusted_cross_entropy
 from dataguard.train.metrics_log import progress_bar
 from dataguard.train.optim import GradVarianceScaler, clip_gradients
 from dataguard.train.prepare import RESUME_KEYS
@@ -188,7 +188,8 @@ class Trainer:
                     batch = garbage_batch(batch, vocab_size, now_step)
                 tokens += int(batch["attention_mask"].sum())
                 with accelerator.accumulate(model):
-                    loss = self._loss(model, batch, offsets, class_weights, drawn.denominator)
+                    loss = self._loss(model, batch, offsets, class_weights, drawn.denominator,
+                                      accelerator.autocast).loss
                     if due:
                         loss = poison_loss(loss, due)
                     accelerator.backward(loss * drawn.backward_scale)
@@ -334,16 +335,12 @@ class Trainer:
         write_atomic(path, json.dumps(summary, indent=1, default=str) + "\n")
 
     def _loss(self, model: Any, batch: dict[str, torch.Tensor], offsets: torch.Tensor | None,
-              class_weights: torch.Tensor | None, denominator: float | None = None) -> torch.Tensor:
+              class_weights: torch.Tensor | None, denominator: float | None = None,
+              autocast: Any = None) -> ForwardOut:
         cfg = self.cfg
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        if cfg.task == "sft":
-            return causal_lm_loss(out.logits, batch["labels"], sample_weights=batch["sample_weight"],
-                                  denominator=denominator)
-        return logit_adjusted_cross_entropy(
-            out.logits, batch["labels"], offsets=offsets if cfg.logit_adjustment else None,
-            label_smoothing=cfg.label_smoothing, class_weights=class_weights, sample_weights=batch["sample_weight"],
-            denominator=denominator)
+        return forward_loss(model, batch, task=cfg.task, offsets=offsets, logit_adjustment=cfg.logit_adjustment,
+                            label_smoothing=cfg.label_smoothing, class_weights=class_weights,
+                            denominator=denominator, autocast=autocast)
 
     def _evaluate(self, model: Any, val: Encoded, pad_id: int, offsets: torch.Tensor | None,
                   device: torch.device) -> dict[str, float]:

@@ -52,7 +52,7 @@ def _as_weights(values: torch.Tensor | Sequence[float] | None, like: torch.Tenso
     return w.to(device=like.device, dtype=like.dtype)
 
 
-def _normalised(weighted_sum: torch.Tensor, mass: torch.Tensor | float) -> torch.Tensor:
+def normalised_share(weighted_sum: torch.Tensor, mass: torch.Tensor | float) -> torch.Tensor:
     """``weighted_sum / mass`` in the loss's dtype; a mass of 0 (every weight 0) gives 0 with
     zero gradients."""
     total = float(mass)
@@ -107,7 +107,7 @@ def logit_adjusted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *,
     weighted = (per * sw).sum() if sw is not None else per.sum()
     if denominator is None:
         denominator = cross_entropy_weight_mass(targets, sample_weights, class_weights)
-    return _normalised(weighted, denominator)
+    return normalised_share(weighted, denominator)
 
 
 def posthoc_adjust(logits: torch.Tensor, offsets: torch.Tensor | Sequence[float | None]) -> torch.Tensor:
@@ -127,6 +127,18 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor,
     add nothing."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be (batch, seq, vocab), got shape {tuple(logits.shape)}")
+    tok, _ = causal_lm_loss_per_row(logits, labels)
+    per_row = tok.sum(dim=1)  # ignored positions score exactly 0
+    sw = _as_weights(sample_weights, per_row)
+    weighted = (per_row * sw).sum() if sw is not None else per_row.sum()
+    if denominator is None:
+        denominator = causal_lm_weight_mass(labels, sample_weights)
+    return normalised_share(weighted, denominator)
+
+
+def causal_lm_loss_per_row(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token losses, scored mask), both (batch, seq): position t scores labels[t + 1];
+    unscored positions hold exactly 0."""
     # Shift the labels, not the logits: position t scores labels[t + 1] and the last position
     # scores nothing. Slicing the logits made a full copy of the (batch, seq, vocab) tensor
     # (reshape of a non-contiguous view), 200 MB for a 49k vocabulary at batch 4 x 256.
@@ -134,9 +146,4 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor,
     flat = logits.reshape(-1, logits.shape[-1])
     tok = F.cross_entropy(flat if flat.dtype == torch.float32 else flat.float(), shift_labels.reshape(-1),
                           ignore_index=IGNORE_INDEX, reduction="none").view(shift_labels.shape)
-    per_row = tok.sum(dim=1)  # ignored positions score exactly 0
-    sw = _as_weights(sample_weights, per_row)
-    weighted = (per_row * sw).sum() if sw is not None else per_row.sum()
-    if denominator is None:
-        denominator = causal_lm_weight_mass(labels, sample_weights)
-    return _normalised(weighted, denominator)
+    return tok, shift_labels != IGNORE_INDEX
