@@ -23,6 +23,7 @@ from dataguard.executors.base import Executor, ExecutorError, Progress
 from dataguard.io.output import OutputFolder, OutputFolderError
 from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec, RawBatch
 from dataguard.io.writer import atomic_write_json, read_table
+from dataguard.rounds.tasks import RoundContext, UnitFitFiles, run_round
 from dataguard.run import manifest as mf
 from dataguard.run.segment import (
     APPLY,
@@ -203,7 +204,7 @@ class Pipeline:
                     stage_seconds[key] = stage_seconds.get(key, 0.0) + seconds
             for i in segment.fit_steps:  # a shared boundary fits its stages in step order
                 fit_start = time.time()
-                steps[i].fit([m["summaries"][i] for m in metas])
+                self._fit(executor, work, segment.index, i, metas)
                 key = step_key(i, steps)
                 stage_seconds[key] = stage_seconds.get(key, 0.0) + time.time() - fit_start
             for op, i in segment.ops:  # a stage's apply runs in this segment only: its stats are complete
@@ -211,6 +212,20 @@ class Pipeline:
                     steps[i].absorb([m["stats"].pop(i, None) for m in metas])
             _release(metas)
         return metas_by_segment, stage_seconds
+
+    def _fit(self, executor: Executor, work: WorkDir, segment: int, i: int, metas: list[dict[str, Any]]) -> None:
+        """Fit step ``i`` in the driver from the units' summaries, or, for a stage that fits
+        in rounds, by running its rounds on the executor over the units' fit files."""
+        stage = self.steps[i]
+        summaries = [m["summaries"][i] for m in metas]
+        if not stage.fits_in_rounds():
+            stage.fit(summaries)
+            return
+        units = [UnitFitFiles(work.segment(segment), m["unit"], i) for m in metas]
+        ctx = RoundContext(folder=work.fit_folder(i), units=units,
+                           run=lambda tasks, desc: run_round(tasks, lambda pending: self._side_tasks(
+                               executor, pending, f"{stage.name}: {desc}")))
+        stage.fit_rounds(summaries, ctx)
 
     def _executor(self) -> Executor:
         if self.executor == "ray":
@@ -221,7 +236,7 @@ class Pipeline:
 
         return LocalExecutor(workers=self.workers)
 
-    def _side_tasks(self, executor: Executor, tasks: Sequence[SideTask], desc: str) -> list[dict[str, Any]]:
+    def _side_tasks(self, executor: Executor, tasks: Iterable[SideTask], desc: str) -> list[dict[str, Any]]:
         """Index input ranges or write shards on the executor's workers (results in any order)."""
         progress = Progress(desc, self.progress)
         try:

@@ -46,6 +46,13 @@ A stage that needs no global statistics leaves ``needs_fit = False`` and only im
 ``apply`` (and usually ``score``). The split mirrors scikit-learn's fit/transform and
 data-juicer's compute-stats/process: scores stay as columns so users can re-threshold.
 
+Fitting in rounds (optional, for stages whose fit would otherwise hold every row): a stage
+whose ``fits_in_rounds()`` is True has ``summarize_unit(batch, files)`` write its per-unit
+material to the work folder (`dataguard.rounds.tasks.UnitFitFiles`) and return a small
+summary; the driver then calls ``fit_rounds(summaries, ctx)``, which runs rounds of tasks on
+the executor (`dataguard.rounds`) and keeps only small state; ``apply_unit(batch, unit)``
+reads the unit's answer back from the work folder. The output is the one ``fit`` gives.
+
 ``describe()`` returns plain JSON-able data in this shape, which the audit report renders
 generically (a stage only chooses blocks; it never writes HTML)::
 
@@ -70,7 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +86,9 @@ import pyarrow.compute as pc
 from dataguard.params import Allowed, first_problem
 from dataguard.records import empty_rejected, reject_rows
 from dataguard.tally import Tally
+
+if TYPE_CHECKING:
+    from dataguard.rounds.tasks import RoundContext, UnitFitFiles
 
 
 @dataclass
@@ -182,6 +192,23 @@ class Stage:
     def apply(self, batch: pa.Table) -> Outcome:
         """Decide row by row. Default keeps everything."""
         return Outcome(kept=batch)
+
+    def fits_in_rounds(self) -> bool:
+        """True: ``summarize_unit`` / ``fit_rounds`` / ``apply_unit`` replace ``summarize`` /
+        ``fit`` / ``apply`` in a pipeline run, so the driver never holds per-row material."""
+        return False
+
+    def summarize_unit(self, batch: pa.Table, files: UnitFitFiles) -> Any:
+        """Write the unit's fit material under ``files``; return a small summary (counts)."""
+        return self.summarize(batch)
+
+    def fit_rounds(self, summaries: Sequence[Any], ctx: RoundContext) -> None:
+        """Fit from the units' files by running rounds of tasks through ``ctx.run``."""
+        self.fit(summaries)
+
+    def apply_unit(self, batch: pa.Table, unit: int) -> Outcome:
+        """``apply`` for unit ``unit`` (a stage fitted in rounds reads the unit's answer)."""
+        return self.apply(batch)
 
     def absorb(self, stats: Sequence[Any]) -> None:
         """Receive every batch's ``Outcome.stats`` (in input order) in the driver: by default

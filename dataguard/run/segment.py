@@ -29,12 +29,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import pyarrow as pa
 
 from dataguard.executors.process import one_math_thread
 from dataguard.io.raw import RawBatch, SourceOptions
+from dataguard.rounds.tasks import UnitFitFiles
 from dataguard.run.splits import InputSplit
 from dataguard.run.workdir import UnitFiles
 from dataguard.stage import Outcome, Stage
@@ -184,6 +186,7 @@ class _UnitRun:
         self.placed = 0  # columns PLACE moved so far: later marks shift by these
         self.before_apply: list[str] = []  # the last apply's input: its columns, rows and step
         self.rows_before_apply = self.applied = 0
+        self.fit_files: list[Path] = []  # what summarize_unit wrote (stages fitted in rounds)
 
     def run(self) -> dict[str, Any]:
         task = self.task
@@ -209,10 +212,10 @@ class _UnitRun:
             elif op == SCORE:
                 table = stage.score(table)
             elif op == SUMMARIZE:
-                summaries[index] = stage.summarize(table)
+                summaries[index] = self._summarize(stage, index, table)
             elif op == APPLY:
                 self.before_apply, self.rows_before_apply, self.applied = table.column_names, table.num_rows, index
-                table = self._decide(index, table.num_rows, stage.apply(table))
+                table = self._decide(index, table.num_rows, stage.apply_unit(table, task.unit))
             elif op == MARK:
                 self.marks[index] = table.num_columns
             elif op == PLACE:
@@ -226,7 +229,17 @@ class _UnitRun:
             "rejected": sum(t.num_rows for t in self.rejected), "counts": self.counts, "stats": self.stats,
             "summaries": summaries, "marks": self.marks, "seconds": self.seconds, "formats": self.formats,
         }
-        return task.out.write(table, self.rejected, meta)
+        return task.out.write(table, self.rejected, meta, self.fit_files)
+
+    def _summarize(self, stage: Stage, index: int, table: pa.Table) -> Any:
+        """The step's summary; a stage fitted in rounds writes its material next to the
+        unit's files (listed in the unit's meta, so a resume checks them too)."""
+        if not stage.fits_in_rounds():
+            return stage.summarize(table)
+        files = UnitFitFiles(self.task.out.folder, self.task.unit, index)
+        summary = stage.summarize_unit(table, files)
+        self.fit_files += sorted(p for p in self.task.out.folder.glob(f"unit-{self.task.unit:06d}.s{index:02d}.*.arrow"))
+        return summary
 
     def _place(self, index: int, table: pa.Table) -> pa.Table:
         """Move the columns the last apply added to where the sequential plan has them:

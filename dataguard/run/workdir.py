@@ -7,6 +7,8 @@ Layout (the only place these names are built)::
     _work/segNN/unit-NNNNNN.rejected.arrow the rows segment NN rejected from it (if any)
     _work/segNN/unit-NNNNNN.meta.json      counts, stats, fit summaries (by step), column marks,
                                            file facts
+    _work/segNN/unit-NNNNNN.sSS.KIND.arrow step SS's fit material (a stage fitted in rounds)
+    _work/fitSS/...                        the rounds of step SS's fit (`dataguard.rounds.tasks`)
 
 A unit's Arrow files are fsynced before its meta file is renamed into place, so the meta
 file is the completion marker: on resume a unit is skipped only if its meta decodes and
@@ -40,12 +42,13 @@ if TYPE_CHECKING:
 WORK = "_work"
 # What a unit's meta holds and how stages are numbered in it. Part of the fingerprint, so
 # work left by an engine that wrote metas differently is discarded instead of misread.
-WORK_FORMAT = 5  # 5: fit stages may share a boundary (segment numbering; metas: summaries, marks)
+WORK_FORMAT = 6  # 6: stages may fit in rounds (unit fit files, fitSS/ folders); 5: shared boundaries
 # Config keys that say where or how a run executes (or what trains on it later), not what
 # it produces: they never change the manifest or the resume fingerprint.
 RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output", "train")
 # Every name dataguard writes inside _work/ (temp files included); cleaning removes only these.
-WORK_FILE = re.compile(r"^(fingerprint|seg\d{2}|unit-\d{6}(\.rejected)?\.arrow|unit-\d{6}\.meta\.json|"
+WORK_FILE = re.compile(r"^(fingerprint|seg\d{2}|fit\d{2}|unit-\d{6}(\.rejected)?\.arrow|unit-\d{6}\.meta\.json|"
+                       r"unit-\d{6}(\.s\d{2})?\.[a-z]+\.arrow|r\d-\d{5}\.([a-z]+\.arrow|done\.json)|"
                        r"\..+\.tmp-\d+)$")
 
 
@@ -90,8 +93,10 @@ class UnitFiles:
     def read_rejected(self) -> pa.Table:
         return read_table(self.rejected)
 
-    def write(self, kept: pa.Table, rejected: Sequence[pa.Table], meta: dict[str, Any]) -> dict[str, Any]:
-        """Write the unit's rows, then its meta (with the files' facts) as the completion
+    def write(self, kept: pa.Table, rejected: Sequence[pa.Table], meta: dict[str, Any],
+              extra: Sequence[Path] = ()) -> dict[str, Any]:
+        """Write the unit's rows, then its meta (with the facts of these files and of the
+        ``extra`` ones already written in this folder: fit material) as the completion
         marker. Returns the meta exactly as a resumed run reads it back, so a fresh run and
         a resumed one build the manifest from the same values."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -101,6 +106,8 @@ class UnitFiles:
         if meta["rejected"]:
             write_table(self.rejected, pa.concat_tables([t.cast(REJECTED_SCHEMA) for t in rejected]))
             files[self.rejected.name] = _file_fact(self.rejected)
+        for path in extra:
+            files[path.name] = _file_fact(path)
         meta["files"] = files
         meta["schema"] = kept.schema.serialize().to_pybytes()
         encoded = state_codec.dumps(meta)
@@ -143,6 +150,10 @@ class WorkDir:
 
     def segment(self, index: int) -> Path:
         return self.root / f"seg{index:02d}"
+
+    def fit_folder(self, step: int) -> Path:
+        """Where the rounds of step ``step``'s fit write (`dataguard.rounds`)."""
+        return self.root / f"fit{step:02d}"
 
     def unit(self, segment: int, unit: int) -> UnitFiles:
         return UnitFiles(self.segment(segment), unit)

@@ -11,7 +11,7 @@ unless given), pairs every row sharing a band bucket with the bucket's first row
 a pair when its exact shingle-set Jaccard (``verify=True``, default: LSH false positives are
 dropped) or its MinHash estimate (``verify=False``: no shingle sets shipped) is >= threshold.
 Bucket members that fail against the bucket's first row are re-paired among themselves (up
-to ``MAX_ROUNDS`` rounds), so one stray row in a bucket does not hide real duplicates.
+to ``near_dedup_buckets.MAX_ROUNDS`` rounds), so one stray row in a bucket does not hide real duplicates.
 Accepted pairs are joined into clusters by union-find (transitively: A~B and B~C puts A, B, C
 together, as in datatrove and data-juicer). One row per cluster is kept:
 
@@ -39,7 +39,8 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,16 +50,21 @@ from dataguard.params import FLAG, SEED, SOURCES, Interval, Options
 from dataguard.records import PROMPT_ROLES, ROLES, message_texts, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
 from dataguard.stages.dedup import tools_key
+from dataguard.stages.near_dedup_buckets import bucket_entries, bucket_pairs, shared_buckets
+from dataguard.stages.near_dedup_files import NearDedupUnitSummary, write_unit
+from dataguard.stages.near_dedup_rounds import Measure, plan_and_run, read_answer
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.tally import Tally
 from dataguard.text import minhash
+
+if TYPE_CHECKING:
+    from dataguard.rounds.tasks import RoundContext, UnitFitFiles
 
 ACTIONS = ("drop", "flag")
 KEEPS = ("first", "longest")
 SCOPES = ("messages", "prompt")
 REASON = "near_duplicate"
 SCOPE_ROLES = {"messages": ROLES, "prompt": PROMPT_ROLES}
-MAX_ROUNDS = 8
 # Weight of the false-positive area when bands x rows are derived: every candidate pair is
 # checked (exact or estimated Jaccard) before it links rows, so a false candidate only costs
 # a check while a missed one costs recall. At threshold 0.7 / 128 permutations this gives
@@ -68,6 +74,7 @@ LSH_FP_WEIGHT = 0.1
 MAX_EXAMPLES = 20
 SNIPPET_CHARS = 240
 SIZE_BINS = ((2, 2), (3, 3), (4, 5), (6, 10), (11, None))
+PARTITION_ENTRIES = 1 << 21  # band entries per round-1 task (~100k rows at 20 bands; ~100 MB)
 
 
 @dataclass
@@ -116,6 +123,7 @@ class NearDedupStage(Stage):
         "seed": SEED,
     }
     reasons = {REASON: "a near copy (MinHash, Jaccard >= threshold) of a kept row"}
+    partition_entries = PARTITION_ENTRIES  # an instance may set fewer (tests: several ranges on small data)
 
     def __init__(self, *, threshold: float = 0.7, shingle: str = "word", shingle_size: int = 5,
                  num_perm: int = 128, bands: int | None = None, rows: int | None = None, verify: bool = True,
@@ -145,6 +153,8 @@ class NearDedupStage(Stage):
         self._example_ids: dict[str, int] = {}
         self._fitted = False
         self._fit_stats: dict[str, Any] = {}
+        self._answers: Path | None = None  # fitted in rounds: the folder of the units' keep files
+        self._answered: frozenset[int] = frozenset()
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"near_dup_cluster": pa.int64(), "near_dup_of": pa.string(), "near_dup_jaccard": pa.float32()}
@@ -213,10 +223,41 @@ class NearDedupStage(Stage):
         }
         self._fitted = True
 
+    def fits_in_rounds(self) -> bool:
+        """In a pipeline run the fit is two rounds of tasks (`near_dedup_rounds`): the driver
+        never holds signatures or shingle sets."""
+        return True
+
+    def summarize_unit(self, batch: pa.Table, files: UnitFitFiles) -> NearDedupUnitSummary:
+        s = self.summarize(batch)
+        n = len(s.ids)
+        material = (s.values, s.offsets) if self.verify else \
+            (s.signatures.reshape(-1), np.arange(n + 1, dtype=np.int64) * self.num_perm)
+        return write_unit(files.path("bands"), files.path("rows"), s.ids, s.signatures, s.lengths, s.preferred,
+                          s.tools if s.tools is not None else np.zeros(n, np.uint64), material, self.bands, self.rows)
+
+    def fit_rounds(self, summaries: Sequence[NearDedupUnitSummary], ctx: RoundContext) -> None:
+        self._fit_stats, answered = plan_and_run(summaries, ctx, Measure(self.threshold, self.verify, self.num_perm),
+                                                 self.keep == "longest", self.partition_entries)
+        self._answers, self._answered, self._decision = ctx.folder, frozenset(answered), {}
+        self._example_ids = {}
+        for e, (i, k, _) in enumerate(self._fit_stats["examples"]):
+            self._example_ids.setdefault(i, e)
+            self._example_ids.setdefault(k, e)
+        self._fitted = True
+
+    def apply_unit(self, batch: pa.Table, unit: int) -> Outcome:
+        if self._answers is None:
+            return self.apply(batch)
+        return self._apply(batch, read_answer(self._answers, unit) if unit in self._answered else {})
+
     def apply(self, batch: pa.Table) -> Outcome:
+        return self._apply(batch, self._decision)
+
+    def _apply(self, batch: pa.Table, decision: dict[str, tuple[int, str | None, float]]) -> Outcome:
         if not self._fitted:
             raise RuntimeError("NearDedupStage.apply called before fit")
-        out, got, dup = cluster_columns(batch, self._decision, "near_dup", "jaccard")
+        out, got, dup = cluster_columns(batch, decision, "near_dup", "jaccard")
         snippets = example_snippets(batch, self._example_ids, SCOPE_ROLES[self.scope]) if self._example_ids else {}
         stats = Tally(counts=Counter(rows=batch.num_rows, near_duplicates=int(dup.sum())), lookup={"snippets": snippets})
         kind = "exact" if self.verify else "MinHash-estimated"
@@ -259,60 +300,11 @@ def _concat_sets(summaries: Sequence[NearDedupSummary]) -> tuple[np.ndarray, np.
 
 
 def _linked_pairs(keys: np.ndarray, valid: np.ndarray, similarity: Any, threshold: float) -> tuple[np.ndarray, int]:
-    """(accepted pairs, number of candidate pairs checked) from the LSH band buckets.
-
-    Round 1 pairs every bucket member with the bucket's first row. Members whose pair fails
-    stay in their bucket for the next round, minus that first row, and are paired with the
-    new first member; pairs already checked are not checked again."""
-    n, nb = keys.shape
-    rows = np.repeat(np.flatnonzero(valid), nb)
-    band = np.tile(np.arange(nb, dtype=np.uint64), int(valid.sum()))
-    group = minhash.mix64(keys[valid].reshape(-1) ^ (band * np.uint64(0x9E3779B97F4A7C15)))
-    order = np.lexsort((rows, group))
-    group, rows = group[order], rows[order]
-    multi = np.zeros(len(group), dtype=bool)  # only buckets with >= 2 rows matter
-    if len(group) > 1:
-        same = group[1:] == group[:-1]
-        multi[1:] |= same
-        multi[:-1] |= same
-    group, rows = group[multi], rows[multi]
-    checked_keys = np.zeros(0, np.int64)  # sorted pair keys already checked, and their verdict
-    checked_ok = np.zeros(0, bool)
-    accepted: list[np.ndarray] = []
-    for _ in range(MAX_ROUNDS):
-        if len(group) < 2:
-            break
-        new = np.ones(len(group), dtype=bool)
-        new[1:] = group[1:] != group[:-1]
-        first = rows[new][np.cumsum(new) - 1]
-        member = ~new
-        pairs = np.stack([first[member], rows[member]], axis=1)
-        pkey = pairs[:, 0].astype(np.int64) * n + pairs[:, 1]
-        uniq, inv = np.unique(pkey, return_inverse=True)
-        pos = np.searchsorted(checked_keys, uniq)
-        known = pos < len(checked_keys)
-        known[known] = checked_keys[pos[known]] == uniq[known]
-        ok_u = np.zeros(len(uniq), dtype=bool)
-        ok_u[known] = checked_ok[pos[known]]
-        pending = ~known
-        if pending.any():
-            ok_u[pending] = similarity(np.stack([uniq[pending] // n, uniq[pending] % n], axis=1)) >= threshold
-            keys_all = np.concatenate([checked_keys, uniq[pending]])
-            order = np.argsort(keys_all, kind="stable")
-            checked_keys, checked_ok = keys_all[order], np.concatenate([checked_ok, ok_u[pending]])[order]
-        ok = ok_u[inv]
-        accepted.append(uniq[ok_u])
-        failed = member.copy()
-        failed[member] = ~ok
-        group, rows = group[failed], rows[failed]
-        keep = np.zeros(len(group), dtype=bool)  # drop buckets left with one row
-        if len(group) > 1:
-            same = group[1:] == group[:-1]
-            keep[1:] |= same
-            keep[:-1] |= same
-        group, rows = group[keep], rows[keep]
-    acc = np.unique(np.concatenate(accepted)) if accepted else np.zeros(0, np.int64)
-    return np.stack([acc // max(n, 1), acc % max(n, 1)], axis=1).astype(np.int64), len(checked_keys)
+    """(accepted pairs, number of candidate pairs checked) from the LSH band buckets
+    (`dataguard.stages.near_dedup_buckets`)."""
+    group, rows = shared_buckets(*bucket_entries(keys, valid))
+    pairs, checked, _ = bucket_pairs(group, rows, keys.shape[0], similarity, threshold)
+    return pairs, len(checked)
 
 
 def snippet(text: str) -> str:
