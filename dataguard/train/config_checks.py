@@ -220,14 +220,18 @@ def lora(v: Any, p: Path_, loc: _Located) -> Any:
     out = copy.deepcopy(LORA_DEFAULTS)
     for key, item in mapping(v, p, loc).items():
         here = p + (key,)
-        if key not in LORA_DEFAULTS:
-            raise loc.error(here, f"unknown key (expected one of: {', '.join(LORA_DEFAULTS)})")
+        if key not in LORA_DEFAULTS and key != "quantize":
+            raise loc.error(here, f"unknown key (expected one of: {', '.join(LORA_DEFAULTS)}, quantize)")
         if key == "r":
             out[key] = integer(1)(item, here, loc)
         elif key == "alpha":
             out[key] = number(0.0, lo_open=True)(item, here, loc)
         elif key == "dropout":
             out[key] = number(0.0, 1.0, hi_open=True)(item, here, loc)
+        elif key == "quantize":  # optional: absent means none, so older runs' settings still match
+            value = choice("none", "4bit")(item if item is not False else "none", here, loc)
+            if value != "none":
+                out[key] = value
         else:
             if isinstance(item, str):
                 item = [item]

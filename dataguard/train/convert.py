@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.safe_files import disk_full, no_space_error
+from dataguard.train.base_dtype import BaseDtypeError, base_dtype, convert_dtype
 from dataguard.train.checkpoint import (
     COMPLETE,
     checkpoint_damage,
@@ -72,8 +73,10 @@ def _best_checkpoint(run: Path) -> Path | None:
     return candidate if (candidate / COMPLETE).is_file() else None
 
 
-def convert_checkpoint(source: str | Path, out: str | Path, which: str = "best") -> Path:
-    """Write a plain HF model folder (LoRA merged) from a run or checkpoint folder.
+def convert_checkpoint(source: str | Path, out: str | Path, which: str = "best", dtype: str | None = None) -> Path:
+    """Write a plain HF model folder (LoRA merged) from a run or checkpoint folder, in the
+    dtype the run's base was loaded in unless ``dtype`` says otherwise
+    (`dataguard.train.base_dtype.convert_dtype`).
 
     The model is written into a temporary sibling folder and renamed to ``out`` when it is
     complete, so a failure (a full disk) leaves nothing that blocks the retry."""
@@ -86,9 +89,16 @@ def convert_checkpoint(source: str | Path, out: str | Path, which: str = "best")
     state = json.loads((ckpt / "state.json").read_text())
     config = state.get("config", {})
     task = config.get("task", "sft")
-    model = load_run_model(ckpt, task=task, model_spec=config.get("model"))
+    try:
+        target = convert_dtype(config, dtype)
+    except BaseDtypeError as exc:
+        raise ConvertError(str(exc)) from None
+    # the base as it trained (bf16 stays bf16); a 4-bit run merges into a bf16 base
+    model = load_run_model(ckpt, task=task, model_spec=config.get("model"),
+                           base=base_dtype(str(config.get("precision", "fp32")), config.get("lora")))
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
+    model = model.to(target)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.convert-", dir=out.parent))
     try:
@@ -124,9 +134,12 @@ def _tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None) -> Any:
+def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None,
+                   base: Any = None) -> Any:
     """The trained model of a checkpoint: the base (rebuilt from ``model_spec`` or read from the
-    adapter config) with the adapter loaded, or the full model."""
+    adapter config, in dtype ``base``, default fp32) with the adapter loaded, or the full model."""
+    import torch
+
     from dataguard.train.model import apply_lora, load_model
 
     ckpt = Path(ckpt)
@@ -137,7 +150,8 @@ def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None
         spec = model_spec or adapter.get("base_model_name_or_path")
         if not spec:
             raise ConvertError(f"{ckpt}: the adapter does not say which base model it belongs to")
-        model, _ = load_model(task, spec, label_map=labels, num_labels=len(labels) if labels else None)
+        model, _ = load_model(task, spec, label_map=labels, num_labels=len(labels) if labels else None,
+                              dtype=base if base is not None else torch.float32)
         targets = adapter.get("target_modules")
         model, _ = apply_lora(model, {"r": adapter["r"], "alpha": adapter["lora_alpha"], "dropout": 0.0,
                                       "targets": sorted(targets) if isinstance(targets, list | set) else targets},
@@ -147,4 +161,4 @@ def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     auto = AutoModelForCausalLM if task == "sft" else AutoModelForSequenceClassification
-    return auto.from_pretrained(str(ckpt), local_files_only=True)
+    return auto.from_pretrained(str(ckpt), local_files_only=True, dtype=torch.float32)

@@ -38,11 +38,13 @@ class ModelError(ValueError):
 
 # ---------------------------------------------------------------------------------- loading
 def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
-               label_map: Any = None, vocab_size: int | None = None, seed: int = 0) -> tuple[Any, Any]:
+               label_map: Any = None, vocab_size: int | None = None, seed: int = 0,
+               dtype: torch.dtype = torch.float32, quantization: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) for a local HF folder or one of the built-in names.
 
     ``label_map`` (anything with ``.labels`` or a list of names) names the classes in the
-    model config, so a saved classifier knows its labels.
+    model config, so a saved classifier knows its labels. ``dtype`` / ``quantization``: how
+    the base is held (`dataguard.train.base_dtype`).
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -59,13 +61,13 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
             raise ModelError(f"{TINY_CAUSAL} is a causal LM; use {TINY_CLASSIFIER} or {MINILM} for classify")
         tok = tiny.tiny_tokenizer()
         model = tiny.tiny_causal_lm(vocab_size or len(tok), seed=seed, pad_token_id=tok.pad_token_id)
-        return model, tok
+        return model.to(dtype), tok
     if spec == TINY_CLASSIFIER:
         if task != "classify":
             raise ModelError(f"{TINY_CLASSIFIER} is a classifier; use {TINY_CAUSAL} for sft")
         tok = AutoTokenizer.from_pretrained(tiny.minilm_path(), local_files_only=True)
         model = tiny.tiny_classifier(len(id2label), vocab_size=len(tok), seed=seed, id2label=id2label)
-        return model, tok
+        return model.to(dtype), tok
     if spec == MINILM:
         path: Path | None = Path(tiny.minilm_path())
     elif spec == SMOLLM2:
@@ -82,12 +84,13 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
     with torch.random.fork_rng(devices=[]), quiet_transformers():  # a fresh head's init must not move the caller's RNG
         torch.manual_seed(seed)
         if task == "sft":
-            model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+            extra = {"quantization_config": quantization} if quantization is not None else {}
+            model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype, **extra)
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = AutoModelForSequenceClassification.from_pretrained(
-                    str(path), local_files_only=True, dtype=torch.float32, num_labels=len(id2label),
+                    str(path), local_files_only=True, dtype=dtype, num_labels=len(id2label),
                     id2label=id2label, label2id={v: k for k, v in id2label.items()},
                     ignore_mismatched_sizes=True)
     if tok.pad_token is None:

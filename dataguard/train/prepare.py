@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from dataguard.io.safe_files import write_atomic
+from dataguard.train.base_dtype import BaseDtypeError, check_quantize
 from dataguard.train.config import TrainConfig
 from dataguard.train.config_checks import BUILTIN_MODELS
 from dataguard.train.data import (
@@ -55,6 +56,10 @@ def preflight(cfg: TrainConfig) -> None:
     on_cpu = check_device(cfg)
     if cfg.precision == "fp8":
         check_fp8(cfg, on_cpu)
+    try:
+        check_quantize(cfg.lora, on_cpu=on_cpu, task=cfg.task)
+    except BaseDtypeError as exc:
+        raise TrainError(str(exc)) from None
     check_model(cfg.task, cfg.model)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from dataguard.train import checkpoint as ckpt_mod
+from dataguard.train.base_dtype import base_dtype, quantization_config
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedule, curriculum_unit, run_split
 from dataguard.train.errors import TrainError
@@ -128,10 +129,14 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         label_map = LabelMap.from_run(run.table, run.training)
         if latest is not None and resume and (latest / "label_map.json").is_file():
             label_map = LabelMap.load(latest / "label_map.json")
-    model, tokenizer = load_model(cfg.task, cfg.model, label_map=label_map)
+    model, tokenizer = load_model(cfg.task, cfg.model, label_map=label_map, dtype=base_dtype(cfg.precision, cfg.lora),
+                                  quantization=quantization_config(cfg.lora))
     lora_record = None
     if cfg.lora:
         model, lora_record = apply_lora(model, cfg.lora, cfg.task)
+        for param in model.parameters():  # adapters and a new head train in fp32 over a bf16 base
+            if param.requires_grad and param.dtype != torch.float32:
+                param.data = param.data.float()
         echo(f"LoRA: {lora_record['trainable_params']:,} trainable of {lora_record['total_params']:,} "
                   f"parameters in {lora_record['wrapped_layers']} layers")
     if cfg.gradient_checkpointing:
