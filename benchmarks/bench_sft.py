@@ -163,6 +163,8 @@ def _near(row: dict[str, Any], rng: random.Random) -> list[dict[str, str]]:
         prompt["content"] = prompt["content"].upper() if len(prompt["content"]) < 80 else prompt["content"].lower()
     answer = messages[-1]
     answer["content"] = answer["content"].replace(" the ", " a ", 1) if rng.random() < 0.5 else answer["content"] + " :)"
+    if messages == row["messages"]:  # no edit applied (no " the ", a prompt already in that case)
+        answer["content"] += " :)"
     return messages
 
 
@@ -185,8 +187,10 @@ def plant(train: list[dict[str, Any]], gsm: list[dict[str, str]], seed: int, *, 
     for i in pick(n_each):
         out[i] = _set_answer(train[i], _loop(train[i]["messages"][-1]["content"], rng), "loop")
     for k, i in enumerate(pick(n_each)):
-        words = train[i]["messages"][-1]["content"].split()
-        text = " ".join(words[:rng.randint(1, 4)]) if k % 2 == 0 else rng.choice(["", " ", "\n"])
+        answer = train[i]["messages"][-1]["content"]
+        words, cut = answer.split(), rng.randint(1, 4)  # a short answer still loses its last word
+        text = " ".join(words[:min(cut, len(words) - 1)]) or answer[:len(answer) // 2]
+        text = text if k % 2 == 0 else rng.choice(["", " ", "\n"])
         out[i] = _set_answer(train[i], text, "truncated" if k % 2 == 0 else "empty")
     for i in pick(n_long):
         others = [train[j]["messages"][-1]["content"] for j in rng.sample(range(len(train)), rng.randint(6, 12))]
