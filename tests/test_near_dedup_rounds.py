@@ -12,9 +12,10 @@ import pytest
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline, PipelineError
 from dataguard.rounds import tasks as round_tasks
+from dataguard.rounds.tasks import range_bounds
 from dataguard.stages.dedup import DedupStage
 from dataguard.stages.near_dedup import NearDedupStage
-from dataguard.stages.near_dedup_rounds import PairsTask, range_bounds
+from dataguard.stages.near_dedup_rounds import PairsTask
 
 
 class DriverFitNearDedup(NearDedupStage):

@@ -45,6 +45,13 @@ class RoundTask(Protocol):
     def run(self) -> dict[str, Any]: ...
 
 
+def range_bounds(entries: int, per_task: int) -> list[int]:
+    """Bucket-value bounds of the round-1 tasks: ``ceil(entries / per_task)`` equal ranges
+    of the 64-bit hash space (at least one); depends on the data and config, never on workers."""
+    parts = max(1, -(-entries // max(1, per_task)))
+    return [(r << 64) // parts for r in range(parts + 1)]
+
+
 def task_marker(folder: Path, round_no: int, task: int) -> Path:
     return folder / f"r{round_no}-{task:05d}.done.json"
 

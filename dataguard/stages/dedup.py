@@ -26,7 +26,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,17 @@ import pyarrow.compute as pc
 from dataguard.params import Options
 from dataguard.records import PROMPT_ROLES, set_column
 from dataguard.stage import Outcome, Stage, drop_or_keep
+from dataguard.stages.dedup_rounds import (
+    ROWS_PER_TASK,
+    DedupUnitSummary,
+    first_ids,
+    run_first_rows,
+    write_unit_hashes,
+)
 from dataguard.tally import Tally
+
+if TYPE_CHECKING:
+    from dataguard.rounds.tasks import RoundContext, UnitFitFiles
 
 ACTIONS = ("flag", "drop")
 SCOPES = ("messages", "prompt")
@@ -90,6 +100,7 @@ class DedupStage(Stage):
     needs_fit = True
     constraints = {"action": [Options(*ACTIONS)], "scope": [Options(*SCOPES)]}
     reasons = {REASON: "an exact copy of an earlier row (each turn stripped of surrounding whitespace)"}
+    rows_per_task = ROWS_PER_TASK  # an instance may set fewer (tests: several hash ranges on small data)
 
     def __init__(self, *, action: str = "flag", scope: str = "messages") -> None:
         self.action = action
@@ -101,6 +112,21 @@ class DedupStage(Stage):
         self._first: np.ndarray = np.zeros(0, dtype=object)
         self._distinct = 0
         self._fitted = False
+        self._ranges: tuple[list[int], list[str]] | None = None  # fitted in rounds: bounds, files
+
+    def fits_in_rounds(self) -> bool:
+        """In a pipeline run the fit is one round of hash-range tasks (`dedup_rounds`)."""
+        return True
+
+    def summarize_unit(self, batch: pa.Table, files: UnitFitFiles) -> DedupUnitSummary:
+        hashes = batch.column("content_hash").to_numpy() if batch.num_rows else np.zeros(0, np.uint64)
+        return write_unit_hashes(files.path("hashes"), hashes, batch.column("id").to_pylist())
+
+    def fit_rounds(self, summaries: Sequence[DedupUnitSummary], ctx: RoundContext) -> None:
+        bounds, files, self._distinct = run_first_rows(summaries, ctx, self.rows_per_task)
+        self._ranges = (bounds, files)
+        self._keys, self._first = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=object)
+        self._fitted = True
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"content_hash": pa.uint64(), "is_duplicate": pa.bool_(), "duplicate_of": pa.string()}
@@ -145,11 +171,14 @@ class DedupStage(Stage):
             raise RuntimeError("DedupStage.apply called before fit")
         hashes = batch.column("content_hash").to_numpy() if batch.num_rows else np.zeros(0, np.uint64)
         ids = np.array(batch.column("id").to_pylist(), dtype=object)
-        pos = np.searchsorted(self._keys, hashes)
-        found = pos < len(self._keys)
-        found[found] = self._keys[pos[found]] == hashes[found]
-        first = ids.copy()  # a content seen once is its own first occurrence
-        first[found] = self._first[pos[found]]
+        if self._ranges is not None:
+            first = first_ids(hashes, ids, *self._ranges)
+        else:
+            pos = np.searchsorted(self._keys, hashes)
+            found = pos < len(self._keys)
+            found[found] = self._keys[pos[found]] == hashes[found]
+            first = ids.copy()  # a content seen once is its own first occurrence
+            first[found] = self._first[pos[found]]
         dup = first != ids
         dup_of = [f if d else None for f, d in zip(first.tolist(), dup.tolist(), strict=True)]
         out = set_column(batch, "is_duplicate", pa.array(dup, pa.bool_()))

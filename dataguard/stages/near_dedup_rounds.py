@@ -28,6 +28,7 @@ from dataguard.rounds.tasks import (
     column,
     finish_task,
     open_arrow,
+    range_bounds,
     task_file,
     task_marker,
     unit_answer,
@@ -49,13 +50,6 @@ class Measure:
     threshold: float
     verify: bool
     num_perm: int
-
-
-def range_bounds(entries: int, per_task: int) -> list[int]:
-    """Bucket-value bounds of the round-1 tasks: ``ceil(entries / per_task)`` equal ranges
-    of the 64-bit space (at least one); depends on the data and config, never on workers."""
-    parts = max(1, -(-entries // max(1, per_task)))
-    return [(r << 64) // parts for r in range(parts + 1)]
 
 
 @dataclass(frozen=True)
