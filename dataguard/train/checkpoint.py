@@ -331,7 +331,11 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    files = [f for f in sorted(folder.glob("*.safetensors")) if f.name != GUARD_SNAPSHOT]
+    # the model's own files only (model.safetensors, model-00001-of-00002.safetensors,
+    # adapter_model.safetensors): a checkpoint also holds other tensors (guard snapshots,
+    # training dynamics) that are not weights
+    files = [f for f in sorted(folder.glob("*.safetensors"))
+             if f.name.startswith(("model", "adapter_model")) and f.name != GUARD_SNAPSHOT]
     if not files:
         raise CheckpointError(f"{folder}: no safetensors weights")
     out: dict[str, torch.Tensor] = {}

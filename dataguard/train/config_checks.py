@@ -258,9 +258,11 @@ def guard(v: Any, p: Path_, loc: _Located) -> Any:
         return out
     for key, item in mapping(v, p, loc).items():
         here = p + (key,)
-        if key not in GUARD_DEFAULTS:
-            raise loc.error(here, f"unknown key (expected one of: {', '.join(GUARD_DEFAULTS)})")
-        if key in ("snapshot_every", "anomaly_window", "max_anomalies", "zscore_window", "verify_steps",
+        if key not in GUARD_DEFAULTS and key != "snapshot_in":
+            raise loc.error(here, f"unknown key (expected one of: {', '.join(GUARD_DEFAULTS)}, snapshot_in)")
+        if key == "snapshot_in":  # optional (absent: auto), so older runs' settings still match
+            out[key] = choice("auto", "memory", "disk")(item, here, loc)
+        elif key in ("snapshot_every", "anomaly_window", "max_anomalies", "zscore_window", "verify_steps",
                    "fp16_skips_in_a_row"):
             out[key] = integer(1)(item, here, loc)
         elif key in ("max_rollbacks", "recovery_steps"):

@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ import torch
 
 from dataguard.io.safe_files import write_atomic
 from dataguard.train.jsonl_log import JsonlLog
+from dataguard.train.snapshot_store import SpillFolder, choose_place, host_copy, live_trainable
 
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered", "verified")
 # Knobs added after the first release; a guard mapping saved by an older run lacks them.
@@ -87,6 +89,7 @@ class Snapshot:
     scaler: dict[str, Any] | None
     verified: bool = False
     clean_steps: int = 0
+    spilled: bool = False  # its tensors are a memory-mapped file in RUN/_guard (snapshot_store)
 
 
 @dataclass
@@ -120,8 +123,13 @@ class EventLog(JsonlLog):
 class Guard:
     """The response ladder's state and decisions (the loop applies them)."""
 
-    def __init__(self, knobs: Mapping[str, Any], max_grad_norm: float, warmup_steps: int = 0) -> None:
+    def __init__(self, knobs: Mapping[str, Any], max_grad_norm: float, warmup_steps: int = 0,
+                 spill: SpillFolder | None = None) -> None:
         self.k = {**GUARD_KNOB_DEFAULTS, **dict(knobs)}
+        self.spill = spill  # where large snapshots go on a CPU run (None: always host memory)
+        if spill is not None:
+            spill.clear()  # a killed run's files: a resume restores from its checkpoint, not these
+            weakref.finalize(self, spill.clear)  # and this run's, once the guard is let go
         self.max_grad_norm = float(max_grad_norm)
         self.warmup_steps = int(warmup_steps)  # their fast-falling losses never enter the windows
         self.pending: list[Snapshot] = []  # oldest first; each waits for its clean steps
@@ -287,16 +295,20 @@ class Guard:
         if (any(p.step == step for p in self.pending) and not verified) or \
                 (self.snapshot is not None and self.snapshot.step == step):
             return True  # this state is already held (verified, or waiting)
-        tensors = trainable_state(model, self._spare.pop() if self._spare else None)
+        live = live_trainable(model)
         bound = float(self.k["weight_bound"])
-        for value in tensors.values():
-            if value.is_floating_point() and value.numel() and not bool(value.abs().max() <= bound):
-                self._spare.append(tensors)
-                return False  # NaN compares False too
+        for value in live.values():
+            if value.is_floating_point() and value.numel():
+                low, high = torch.aminmax(value)  # no full-size temporary, unlike abs().max()
+                if not bool(torch.maximum(-low, high) <= bound):
+                    return False  # NaN compares False too
+        spilled = self.spill is not None and choose_place(str(self.k.get("snapshot_in", "auto")), live) == "disk"
+        tensors = self.spill.write(step, live) if spilled else host_copy(live, self._spare.pop() if self._spare
+                                                                          else None)
         groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         snap = Snapshot(step=step, model=tensors, optimizer={"param_groups": groups},
                         scheduler=None, scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
-                        verified=verified)
+                        verified=verified, spilled=spilled)
         if verified:
             self._drop(self.pending + ([self.snapshot] if self.snapshot else []))
             self.snapshot, self.pending = snap, []
@@ -335,7 +347,9 @@ class Guard:
         """Keep the tensors of snapshots let go, for the next snapshot to copy into: a new full
         copy every ``snapshot_every`` steps cost as much in allocation as in copying."""
         for snap in snaps:
-            if snap is not None and len(self._spare) < 2:
+            if snap is not None and snap.spilled and self.spill is not None:
+                self.spill.release(snap.step)
+            elif snap is not None and len(self._spare) < 2:
                 self._spare.append(snap.model)
 
     # ------------------------------------------------------------------ resume
@@ -361,25 +375,9 @@ class Guard:
 
 
 def trainable_state(model: Any, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Copies of what an optimizer step can change: trainable parameters and buffers (for
-    LoRA the adapter, not the frozen base: a snapshot of a 7B base would double its memory),
+    """Host copies of what an optimizer step can change (`snapshot_store.live_trainable`),
     written into ``into`` (a dropped snapshot's tensors) when their shapes still match."""
-    live: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, int]] = set()
-    for key, value in model.state_dict(keep_vars=True).items():
-        if isinstance(value, torch.nn.Parameter) and not value.requires_grad:
-            continue
-        where = (value.untyped_storage().data_ptr(), value.storage_offset())
-        if where in seen:  # a tied matrix (embed_tokens = lm_head): one copy restores both names
-            continue
-        seen.add(where)
-        live[key] = value.detach()
-    if into is not None and into.keys() == live.keys() and all(
-            into[k].shape == v.shape and into[k].dtype == v.dtype and into[k].device == v.device
-            for k, v in live.items()):
-        torch._foreach_copy_([into[k] for k in live], list(live.values()))
-        return into
-    return {key: value.clone() for key, value in live.items()}
+    return host_copy(live_trainable(model), into)
 
 
 def write_diagnosis(run_dir: Path, step: int, cause: str, first_layer: str | None, rows: list[str],

@@ -44,6 +44,7 @@ from dataguard.train.prepare import (
     write_summary,
 )
 from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
+from dataguard.train.snapshot_store import SpillFolder
 
 
 @dataclass
@@ -190,7 +191,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     gvs = GradVarianceScaler() if cfg.grad_variance_scaling else None
     monitor = Monitor(raw_model)
-    guard = Guard(cfg.guard, cfg.max_grad_norm, warmup_steps=warmup) if cfg.guard else None
+    guard = Guard(cfg.guard, cfg.max_grad_norm, warmup_steps=warmup,
+                  spill=SpillFolder(run_dir, rank) if device.type == "cpu" else None) if cfg.guard else None
     plan = FaultPlan(cfg.faults)
     for f in plan.faults:
         if f.kind == "nan_grad" and f.layer is not None and f.layer not in monitor.layers:
