@@ -118,6 +118,34 @@ def load_done(marker: Path) -> dict[str, Any] | None:
         return None
 
 
+ANSWER = "keep"
+
+
+def write_answers(folder: Path, nodes: np.ndarray, ids: Sequence[str], cluster_no: np.ndarray,
+                  kept: np.ndarray, score: np.ndarray, written: list[Path]) -> list[int]:
+    """Per unit, the keep decisions of its rows in clusters (``nodes``: sorted row keys
+    ``unit << 32 | row``; ``kept``: local index of each node's kept row; ``score``: its
+    similarity to it, 1.0 for kept rows); returns the units that got a file."""
+    units = (nodes >> np.uint64(32)).astype(np.int64)
+    answered = np.unique(units).tolist()
+    for unit in answered:
+        at = np.flatnonzero(units == unit).tolist()
+        write_arrow(unit_answer(folder, unit, ANSWER), pa.table({
+            "id": pa.array([ids[i] for i in at], pa.string()),
+            "cluster": pa.array(cluster_no[at].astype(np.int64), pa.int64()),
+            "of": pa.array([ids[int(kept[i])] if kept[i] != i else None for i in at], pa.string()),
+            "score": pa.array(score[at], pa.float64())}), written)
+    return answered
+
+
+def read_answer(folder: Path, unit: int) -> dict[str, tuple[int, str | None, float]]:
+    """A unit's keep decisions: id -> (cluster, kept row's id or None, similarity)."""
+    table = open_arrow(unit_answer(folder, unit, ANSWER))
+    return {i: (c, o, s) for i, c, o, s in zip(table.column("id").to_pylist(), table.column("cluster").to_pylist(),
+                                                table.column("of").to_pylist(), table.column("score").to_pylist(),
+                                                strict=True)}
+
+
 RunTasks = Callable[[Sequence[RoundTask], str], list[dict[str, Any]]]
 
 

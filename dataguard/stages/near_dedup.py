@@ -48,11 +48,12 @@ import pyarrow.compute as pc
 
 from dataguard.params import FLAG, SEED, SOURCES, Interval, Options
 from dataguard.records import PROMPT_ROLES, ROLES, message_texts, set_column
+from dataguard.rounds.tasks import read_answer
 from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
 from dataguard.stages.dedup import tools_key
 from dataguard.stages.near_dedup_buckets import bucket_entries, bucket_pairs, shared_buckets
 from dataguard.stages.near_dedup_files import NearDedupUnitSummary, write_unit
-from dataguard.stages.near_dedup_rounds import Measure, plan_and_run, read_answer
+from dataguard.stages.near_dedup_rounds import Measure, plan_and_run
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.tally import Tally
 from dataguard.text import minhash

@@ -31,14 +31,13 @@ from dataguard.rounds.tasks import (
     range_bounds,
     task_file,
     task_marker,
-    unit_answer,
+    write_answers,
     write_arrow,
 )
 from dataguard.stages.near_dedup_buckets import bucket_pairs, shared_buckets
-from dataguard.stages.near_dedup_files import ROW_BITS, ROW_MASK, UnitPaths, bucket_slice, read_rows
+from dataguard.stages.near_dedup_files import UnitPaths, bucket_slice, read_rows
 from dataguard.stats.clusters import connected_components, pick_kept
 
-ANSWER = "keep"
 MAX_EXAMPLES = 20
 SIZE_BINS = ((2, 2), (3, 3), (4, 5), (6, 10), (11, None))
 
@@ -113,18 +112,8 @@ class ClustersTask:
             if len(dropped) else np.zeros(0)
         score = np.ones(len(nodes))
         score[dropped] = sim
-        of = [rows.ids[k] if k != i else None for i, k in enumerate(kept.tolist())]
         written: list[Path] = []
-        units = (nodes >> ROW_BITS).astype(np.int64)
-        answered = np.unique(units).tolist()
-        for unit in answered:
-            at = np.flatnonzero(units == unit)
-            write_arrow(unit_answer(self.folder, unit, ANSWER), pa.table({
-                "row": pa.array((nodes[at] & ROW_MASK).astype(np.uint32), pa.uint32()),
-                "id": pa.array([rows.ids[i] for i in at.tolist()], pa.string()),
-                "cluster": pa.array(cluster_no[at].astype(np.int64), pa.int64()),
-                "of": pa.array([of[i] for i in at.tolist()], pa.string()),
-                "score": pa.array(score[at], pa.float64())}), written)
+        answered = write_answers(self.folder, nodes, rows.ids, cluster_no, kept, score, written)
         ex = dropped[:MAX_EXAMPLES].tolist()
         result = {
             "candidate_pairs": checked, "accepted_pairs": int(len(edges)), "clusters": int(len(roots)),
@@ -148,14 +137,6 @@ def _distinct_pairs(paths: Sequence[Path]) -> tuple[np.ndarray, np.ndarray, np.n
     first = np.ones(len(a), dtype=bool)
     first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
     return a[first], b[first], ok[first]
-
-
-def read_answer(folder: Path, unit: int) -> dict[str, tuple[int, str | None, float]]:
-    """A unit's keep decisions: id -> (cluster, kept row's id or None, similarity)."""
-    table = open_arrow(unit_answer(folder, unit, ANSWER))
-    return {i: (c, o, s) for i, c, o, s in zip(table.column("id").to_pylist(), table.column("cluster").to_pylist(),
-                                                table.column("of").to_pylist(), table.column("score").to_pylist(),
-                                                strict=True)}
 
 
 def plan_and_run(summaries: Sequence[Any], ctx: Any, measure: Measure, keep_longest: bool,

@@ -58,7 +58,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +67,7 @@ import pyarrow.compute as pc
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
 from dataguard.params import EMBEDDER, FLAG, SEED, SOURCES, Interval, Options
 from dataguard.records import PROMPT_ROLES, ROLES, message_texts
+from dataguard.rounds.tasks import read_answer
 from dataguard.stage import Outcome, Stage, drop_or_keep
 from dataguard.stages.near_dedup import (
     KEEPS,
@@ -76,10 +77,19 @@ from dataguard.stages.near_dedup import (
     is_validation,
     source_names,
 )
+from dataguard.stages.semantic_dedup_rounds import (
+    ROWS_PER_TASK,
+    SemanticUnitSummary,
+    plan_and_run,
+    write_unit_vectors,
+)
 from dataguard.stats.clusters import connected_components, pick_kept
 from dataguard.stats.neighbours import exact_pairs, partitioned_pairs
 from dataguard.tally import Tally
 from dataguard.text.templates import strip_template
+
+if TYPE_CHECKING:
+    from dataguard.rounds.tasks import RoundContext, UnitFitFiles
 
 ACTIONS = ("flag", "drop")
 SCOPE_ROLES = {"user": ("user",), "prompt": PROMPT_ROLES, "messages": ROLES}
@@ -118,6 +128,7 @@ class SemanticDedupStage(Stage):
         **EMBEDDER,
     }
     reasons = {REASON: "its prompt embedding is a near copy (cosine >= threshold) of a kept row's"}
+    rows_per_task = ROWS_PER_TASK  # rows of partitions per pairs task (tests set fewer)
 
     def __init__(self, *, threshold: float = 0.9, scope: str = "user", action: str = "flag", keep: str = "first",
                  top_k: int = 10, exact_max_rows: int = 50_000, partitions: int | None = None,
@@ -141,6 +152,8 @@ class SemanticDedupStage(Stage):
         self._example_ids: dict[str, int] = {}
         self._fitted = False
         self._fit_stats: dict[str, Any] = {}
+        self._answers: Path | None = None  # fitted in rounds: the folder of the units' keep files
+        self._answered: frozenset[int] = frozenset()
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"semantic_dup_cluster": pa.int64(), "semantic_dup_of": pa.string(),
@@ -212,10 +225,39 @@ class SemanticDedupStage(Stage):
                            "examples": [(ids[i], ids[k], float(c)) for i, k, c in ex]}
         self._fitted = True
 
+    def fits_in_rounds(self) -> bool:
+        """In a pipeline run the fit is rounds of tasks (`semantic_dedup_rounds`): the driver
+        never holds the embeddings."""
+        return True
+
+    def summarize_unit(self, batch: pa.Table, files: UnitFitFiles) -> SemanticUnitSummary:
+        s = self.summarize(batch)
+        return write_unit_vectors(files.path("vectors"), s.ids, s.vectors, s.valid, s.lengths, s.preferred)
+
+    def fit_rounds(self, summaries: Sequence[SemanticUnitSummary], ctx: RoundContext) -> None:
+        self._fit_stats, answered = plan_and_run(
+            summaries, ctx, threshold=self.threshold, top_k=self.top_k, exact_max_rows=self.exact_max_rows,
+            partitions=self.partitions, partition_rows=PARTITION_ROWS, seed=self.seed,
+            keep_longest=self.keep == "longest", rows_per_task=self.rows_per_task)
+        self._answers, self._answered, self._decision = ctx.folder, frozenset(answered), {}
+        self._example_ids = {}
+        for e, (i, k, _) in enumerate(self._fit_stats["examples"]):
+            self._example_ids.setdefault(i, e)
+            self._example_ids.setdefault(k, e)
+        self._fitted = True
+
+    def apply_unit(self, batch: pa.Table, unit: int) -> Outcome:
+        if self._answers is None:
+            return self.apply(batch)
+        return self._apply(batch, read_answer(self._answers, unit) if unit in self._answered else {})
+
     def apply(self, batch: pa.Table) -> Outcome:
+        return self._apply(batch, self._decision)
+
+    def _apply(self, batch: pa.Table, decision: dict[str, tuple[int, str | None, float]]) -> Outcome:
         if not self._fitted:
             raise RuntimeError("SemanticDedupStage.apply called before fit")
-        out, got, dup = cluster_columns(batch, self._decision, "semantic_dup", "cosine")
+        out, got, dup = cluster_columns(batch, decision, "semantic_dup", "cosine")
         snippets = example_snippets(batch, self._example_ids, SCOPE_ROLES[self.scope])
         stats = Tally(counts=Counter(rows=batch.num_rows, semantic_duplicates=int(dup.sum())), lookup={"snippets": snippets})
         return drop_or_keep(out, dup, action=self.action, stage=self.name, reason=REASON, stats=stats,
