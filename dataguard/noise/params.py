@@ -12,6 +12,8 @@ from typing import Any
 
 from dataguard.noise.confident import FILTERS, METHODS, RANKINGS
 from dataguard.noise.crossval import CLASSIFIERS
+from dataguard.noise.dynamics import SCORES as DYNAMICS_SCORES
+from dataguard.noise.dynamics import check_run
 from dataguard.noise.probs import INPUTS
 from dataguard.params import (
     EMBEDDER,
@@ -47,7 +49,11 @@ CONSTRAINTS: dict[str, Allowed] = {
     "threshold": [Interval(float, 0, 1, closed="right")],
     "rank_by": [Options(*RANKINGS)],
     "probabilities": [_PROBABILITIES, None],
-    "inputs": [Options(*INPUTS)],
+    "inputs": [Options(*INPUTS, "dynamics")],
+    "dynamics": [Satisfies(lambda v: isinstance(v, str | os.PathLike) and bool(str(v)), "a training run folder"),
+                 None],
+    "dynamics_score": [Options(*DYNAMICS_SCORES)],
+    "dynamics_cut": [Options("auto"), Interval(float)],
     "temperature": [Interval(float, 0, closed="neither")],
     "classes": [ListOf(Text(), min_len=2, unique=True), None],
     "action": [Options(*ACTIONS)],
@@ -69,8 +75,22 @@ def _fail(param: str, message: str) -> None:
 
 
 def check_together(method: str, threshold: float, probabilities: Any, inputs: str, temperature: float,
-                   rounds: int) -> None:
-    """Rules between parameters, and the probabilities file's existence."""
+                   rounds: int, dynamics: Any = None) -> dict[str, Any] | None:
+    """Rules between parameters, and the probabilities file's existence; with ``inputs:
+    dynamics`` the run's dynamics metadata (its file is read and checked now)."""
+    if inputs == "dynamics":
+        if dynamics is None:
+            _fail("dynamics", "inputs: dynamics needs dynamics: <training run folder>")
+        if probabilities is not None:
+            _fail("probabilities", "inputs: dynamics reads the run's dynamics.arrow, not probabilities")
+        if rounds > 1:
+            _fail("rounds", "rounds > 1 refits a cross-validated classifier; inputs: dynamics has none")
+        try:
+            return check_run(str(dynamics))
+        except ValueError as exc:
+            _fail("dynamics", str(exc))
+    if dynamics is not None:
+        _fail("dynamics", "applies only with inputs: dynamics")
     if method == "confidence" and threshold >= 1.0:
         _fail("threshold", "must be < 1 with method: confidence (it flags max probability > threshold)")
     if probabilities is not None and str(probabilities).endswith(".npy") and not os.path.isfile(probabilities):
@@ -82,3 +102,4 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
     if rounds > 1 and probabilities is not None:
         _fail("rounds", "rounds > 1 refits the cross-validated classifier, which given probabilities do not "
                         "have; use rounds: 1 with probabilities")
+    return None

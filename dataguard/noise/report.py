@@ -69,6 +69,10 @@ def summary(stage: Any, r: dict[str, Any], k: int) -> dict[str, Any]:
         "estimated_noise_rate": round(r["joint_offdiag"] / r["joint_total"], 4) if r["joint_total"] else 0.0,
         "action": stage.action, "dropped": stage.tally.get("dropped"), "relabelled": stage.tally.get("relabelled"),
     }
+    if getattr(stage, "inputs", None) == "dynamics":
+        out["probabilities"] = f"training dynamics of {stage.dynamics}"
+        out["dynamics"] = stage.dynamics_log
+        out["method"] = stage.dynamics_score
     if stage.probabilities and stage.inputs == "logits":
         out["inputs"] = f"logits (softmax, temperature {stage.temperature:g})"
     if stage.features == "auto" and stage.auto_choice:
@@ -138,7 +142,7 @@ def worst_examples(stage: Any, batch: pa.Table, issue: np.ndarray, pos: pa.Array
     if picked.size == 0:
         return []
     idx = pos.to_numpy(zero_copy_only=False)[picked].astype(np.int64)
-    q = stage._quality.to_numpy()[idx]
+    q = stage._quality.to_numpy(zero_copy_only=False)[idx]
     order = np.lexsort((idx, q))[:limit]
     rows = picked[order]
     texts = texts_of(batch.take(pa.array(rows, pa.int64())))

@@ -50,6 +50,11 @@ A fine-tuned model's logits go in the same way with ``inputs: logits`` (stable s
 optional ``temperature``); rows handed in as probabilities that are not (negative, or not
 summing to 1) are refused with an error naming ``probabilities`` (`dataguard.noise.probs`).
 
+A training run's own view of each row goes in with ``inputs: dynamics`` and ``dynamics: RUN``
+(the run folder of `dataguard train`, whose ``dynamics.arrow`` is read and checked when the
+config loads): AUM or cartography confidence per row, a learned cut, the same budget and
+class protection; sft runs flag ``hard_to_fit`` rows (`dataguard.noise.dynamics`).
+
 Options (each measured in benchmarks/bench_label_noise.py): ``method: confidence`` is the
 seeds' rule (flag max probability > ``threshold`` on a class other than the given one);
 ``rounds: N`` re-estimates N times, each round refitting on the rows the previous one kept
@@ -73,8 +78,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
+from dataguard.noise import dynamics_stage, report
 from dataguard.noise import params as P
-from dataguard.noise import report
 from dataguard.noise.confident import NoiseEstimate, estimate
 from dataguard.noise.given import class_list, gather_probs
 from dataguard.noise.rounds import estimate_issues
@@ -108,7 +113,8 @@ class NoiseStage(Stage):
     name = "noise"
     needs_fit = True
     constraints = P.CONSTRAINTS
-    reasons = {REASON: "its label disagrees with out-of-sample predictions (confident learning)"}
+    reasons = {REASON: "its label disagrees with out-of-sample predictions (confident learning)",
+               dynamics_stage.HARD_TO_FIT: "its loss stayed an outlier through a training run (inputs: dynamics)"}
 
     def __init__(self, *, features: str = "auto", classifier: str | Any = "sgd", C: float | None = None,
                  folds: int = 5, seed: int = 0, method: str = "cleanlab",
@@ -120,8 +126,14 @@ class NoiseStage(Stage):
                  max_flagged: int | float | None = None, rounds: int = 1, label_column: str = "label",
                  text: str = "prompt", embedding_column: str | None = None, embedding_weight: float = 1.0,
                  model: str | None = None, batch_size: int = 64, threads: int | None = None,
-                 backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None) -> None:
-        P.check_together(method, threshold, probabilities, inputs, temperature, rounds)
+                 backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None,
+                 dynamics: str | None = None, dynamics_score: str = "aum", dynamics_cut: str | float = "auto") -> None:
+        meta = P.check_together(method, threshold, probabilities, inputs, temperature, rounds, dynamics)
+        self.dynamics = None if dynamics is None else str(dynamics)
+        self.dyn_task = meta["task"] if meta else None
+        self.dynamics_score = dynamics_score
+        self.dynamics_cut = dynamics_cut
+        self.dynamics_log: dict[str, Any] = {}
         self.features = features
         self.classifier = classifier
         self.C = None if C is None else float(C)
@@ -171,6 +183,8 @@ class NoiseStage(Stage):
         return self.probabilities if self.probabilities is not None and not self._probs_file else None
 
     def output_columns(self) -> dict[str, pa.DataType]:
+        if self.dyn_task == "sft":
+            return dict(dynamics_stage.SFT_COLUMNS)
         cols = {"label_quality": pa.float32(), "suggested_label": pa.string(), "is_label_issue": pa.bool_()}
         if self.action == "relabel":
             cols["original_label"] = pa.string()
@@ -196,6 +210,9 @@ class NoiseStage(Stage):
         return col.cast(pa.string())
 
     def summarize(self, batch: pa.Table) -> NoiseSummary:
+        if self.dyn_task == "sft":  # every row is judged by its loss; no label needed
+            return NoiseSummary(n_rows=batch.num_rows, positions=np.arange(batch.num_rows, dtype=np.int64),
+                                ids=batch.column("id").to_pylist(), labels=[])
         labels = self._labels(batch)
         valid = pc.fill_null(pc.is_valid(labels), False).to_numpy(zero_copy_only=False)
         positions = np.flatnonzero(valid).astype(np.int64)
@@ -208,7 +225,7 @@ class NoiseStage(Stage):
             rows = sub.column(self._probs_column).to_pylist()
             summary.probs = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
             return summary
-        if self._probs_file:
+        if self._probs_file or self.inputs == "dynamics":
             return summary
         texts = TEXTS[self.text](sub)
         embed = self.features in ("embedding", "both", "ensemble")
@@ -228,6 +245,9 @@ class NoiseStage(Stage):
 
     def fit(self, summaries: Sequence[NoiseSummary]) -> None:
         summaries = list(summaries)
+        if self.inputs == "dynamics":
+            dynamics_stage.fit(self, summaries)
+            return
         ids = [i for s in summaries for i in s.ids]
         labels = [lab for s in summaries for lab in s.labels]
         if len(set(ids)) != len(ids):
@@ -270,6 +290,8 @@ class NoiseStage(Stage):
     def apply(self, batch: pa.Table) -> Outcome:
         if not self.fitted:
             raise RuntimeError("noise stage: apply() before fit()")
+        if self.dyn_task == "sft":
+            return dynamics_stage.apply_sft(self, batch)
         n = batch.num_rows
         labels = self._labels(batch)
         pos = pc.index_in(batch.column("id"), value_set=self._ids) if n else pa.array([], pa.int32())
@@ -296,8 +318,10 @@ class NoiseStage(Stage):
             sug = [suggested[int(i)].as_py() for i in picked]
             prob = self._suggested_prob[pos.to_numpy(zero_copy_only=False)[picked].astype(np.int64)]
             given = [labels[int(i)].as_py() for i in picked]
-            rule = report.rule_text(self.method, self.filter_by, self.threshold)
-            details = [f"given label {g!r} has label quality {qq:.4f} ({self.rank_by}); model suggests {s!r} "
+            rule = (dynamics_stage.rule_text(self) if self.inputs == "dynamics"
+                    else report.rule_text(self.method, self.filter_by, self.threshold))
+            rank = self.dynamics_score if self.inputs == "dynamics" else self.rank_by
+            details = [f"given label {g!r} has label quality {qq:.4f} ({rank}); model suggests {s!r} "
                        f"(p={p:.3f}); flagged by {rule}" for g, qq, s, p in zip(given, q, sug, prob, strict=True)]
             rejected = reject_rows(out, issue_np, self.name, REASON, details)
             stats.add("dropped", len(picked))
@@ -306,4 +330,6 @@ class NoiseStage(Stage):
 
     # -- describe ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
+        if self.dyn_task == "sft":
+            return dynamics_stage.describe_sft(self)
         return report.describe(self)
