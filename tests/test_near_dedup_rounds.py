@@ -4,9 +4,11 @@ round at the task, and redoes what it cannot trust. Real rows from tests/data.""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from dataguard.io.readers import InputSpec
@@ -146,18 +148,23 @@ def test_a_link_planted_in_the_round_folder_is_refused(inputs: list[InputSpec], 
     assert target.read_text() == "mine"
 
 
-def test_markers_check_their_files(tmp_path: Path) -> None:
-    """A marker is trusted only with every file it names, unchanged."""
-    written: list[Path] = []
-    import pyarrow as pa
+@dataclass(frozen=True)
+class Wrote:
+    """The smallest round task: a marker and one range."""
 
+    marker: Path
+    lo: int
+
+
+def test_markers_check_their_files(tmp_path: Path) -> None:
+    """A marker is trusted only for the task that wrote it, with every file it names unchanged."""
+    written: list[Path] = []
     round_tasks.write_arrow(tmp_path / "r1-00000.pairs.arrow", pa.table({"a": [1, 2]}), written)
-    marker = round_tasks.task_marker(tmp_path, 1, 0)
-    assert round_tasks.finish_task(marker, {"checked": 2}, written)["checked"] == 2
-    assert round_tasks.load_done(marker)["checked"] == 2
-    marker.with_name("r1-00001.done.json").write_bytes(marker.read_bytes())  # a copy under another name
-    assert round_tasks.load_done(marker.with_name("r1-00001.done.json")) is None
+    task = Wrote(round_tasks.task_marker(tmp_path, 1, 0), 0)
+    assert round_tasks.finish_task(task, {"checked": 2}, written)["checked"] == 2
+    assert round_tasks.load_done(task)["checked"] == 2
+    assert round_tasks.load_done(Wrote(task.marker, 5)) is None  # planned with another range
     (tmp_path / "r1-00000.pairs.arrow").write_bytes(b"x" * 10)
-    assert round_tasks.load_done(marker) is None
-    marker.write_text("{")
-    assert round_tasks.load_done(marker) is None
+    assert round_tasks.load_done(task) is None
+    task.marker.write_text("{")
+    assert round_tasks.load_done(task) is None

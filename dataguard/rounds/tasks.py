@@ -10,6 +10,7 @@ Names (under ``OUTPUT/_work``; `dataguard.run.workdir.WORK_FILE` knows them all)
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,23 +91,31 @@ def column(table: pa.Table, name: str) -> np.ndarray:
     return col.to_numpy()
 
 
-def finish_task(marker: Path, result: dict[str, Any], written: Sequence[Path]) -> dict[str, Any]:
-    """Write the completion marker (after every file is durable); returns the result as a
-    resumed run reads it back, so fresh and resumed runs continue from the same values."""
+def task_key(task: RoundTask) -> str:
+    """What a task is (its type and every field: ranges, inputs, parameters), so a marker
+    left by a task planned differently (other ranges) is never taken for this one."""
+    return hashlib.sha256(f"{type(task).__name__}{task!r}".encode()).hexdigest()
+
+
+def finish_task(task: RoundTask, result: dict[str, Any], written: Sequence[Path]) -> dict[str, Any]:
+    """Write the task's completion marker (after every file is durable); returns the result
+    as a resumed run reads it back, so fresh and resumed runs continue from the same values."""
+    marker = task.marker
     facts = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in written}
-    encoded = state_codec.dumps({"marker": marker.name, "result": result, "files": facts})
+    encoded = state_codec.dumps({"task": task_key(task), "result": result, "files": facts})
     atomic_write_bytes(marker, encoded)
     return {"rows_in": 0, "marker": str(marker), **state_codec.loads(encoded)["result"]}
 
 
-def load_done(marker: Path) -> dict[str, Any] | None:
+def load_done(task: RoundTask) -> dict[str, Any] | None:
     """A finished task's result, or None when the task must run (no marker, a marker that
-    does not decode, or a file it names that is missing or changed)."""
+    does not decode or was left by another task, or a file it names missing or changed)."""
+    marker = task.marker
     if not marker.is_file():
         return None
     try:
         doc = state_codec.loads(marker.read_bytes())
-        if doc["marker"] != marker.name:
+        if doc["task"] != task_key(task):
             return None
         for name, fact in doc["files"].items():
             path = marker.parent / name
@@ -169,7 +178,7 @@ def run_round(tasks: Sequence[RoundTask], submit: Callable[[Iterator[RoundTask]]
 
     def pending() -> Iterator[RoundTask]:
         for i, task in enumerate(tasks):
-            done = load_done(task.marker)
+            done = load_done(task)
             if done is None:
                 yield task
             else:

@@ -82,7 +82,7 @@ class FirstRowsTask:
         first_ids = all_ids.take(pa.array(order[repeated], pa.int64()))
         written: list[Path] = []
         write_arrow(self.out, pa.table({"hash": pa.array(h[repeated], pa.uint64()), "first": first_ids}), written)
-        return finish_task(self.marker, {"distinct": int(len(starts)), "repeated": int(len(repeated))}, written)
+        return finish_task(self, {"distinct": int(len(starts)), "repeated": int(len(repeated))}, written)
 
 
 def run_first_rows(summaries: Sequence[DedupUnitSummary], ctx: RoundContext,

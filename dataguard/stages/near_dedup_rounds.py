@@ -80,7 +80,7 @@ class PairsTask:
         written: list[Path] = []
         write_arrow(self.out, pa.table({"a": pa.array(a, pa.uint64()), "b": pa.array(b, pa.uint64()),
                                         "ok": pa.array(ok, pa.bool_())}), written)
-        return finish_task(self.marker, {"checked": int(len(checked)), "accepted": int(ok.sum())}, written)
+        return finish_task(self, {"checked": int(len(checked)), "accepted": int(ok.sum())}, written)
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class ClustersTask:
             "examples": [[rows.ids[i], rows.ids[int(kept[i])], float(score[i])] for i in ex],
             "units": answered,
         }
-        return finish_task(self.marker, result, written)
+        return finish_task(self, result, written)
 
 
 def _distinct_pairs(paths: Sequence[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

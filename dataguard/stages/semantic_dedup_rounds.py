@@ -134,7 +134,7 @@ class CentroidsTask:
         dim = cent.shape[1]
         write_arrow(self.out, pa.table({"centroid": pa.FixedSizeListArray.from_arrays(
             pa.array(cent.reshape(-1).astype(np.float32), pa.float32()), dim)}), written)
-        return finish_task(self.marker, {"k": int(k)}, written)
+        return finish_task(self, {"k": int(k)}, written)
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ class AssignTask:
         written: list[Path] = []
         write_arrow(self.out, pa.table({"part": pa.array(labels[order], pa.int64()),
                                         "key": pa.array(keys[order], pa.uint64())}), written)
-        return finish_task(self.marker, {}, written)
+        return finish_task(self, {}, written)
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class PairsTask:
         a_all = np.concatenate(a) if a else np.zeros(0, np.uint64)
         write_arrow(self.out, pa.table({"a": pa.array(a_all, pa.uint64()),
                                         "b": pa.array(np.concatenate(b) if b else a_all, pa.uint64())}), written)
-        return finish_task(self.marker, {"pairs": int(len(a_all))}, written)
+        return finish_task(self, {"pairs": int(len(a_all))}, written)
 
     def _slices(self) -> tuple[np.ndarray, np.ndarray]:
         parts, keys = [], []
@@ -240,7 +240,7 @@ class ClustersTask:
         result = {"pairs": int(len(edges)), "clusters": int(len(roots)), "rows_in_clusters": int(len(nodes)),
                   "largest_cluster": int(sizes.max()) if len(sizes) else 0, "units": answered,
                   "examples": [[ids[i], ids[int(kept[i])], float(score[i])] for i in dropped[:MAX_EXAMPLES].tolist()]}
-        return finish_task(self.marker, result, written)
+        return finish_task(self, result, written)
 
 
 def plan_and_run(summaries: Sequence[SemanticUnitSummary], ctx: RoundContext, *, threshold: float, top_k: int,
