@@ -231,8 +231,11 @@ def fp8_recipe(cfg: TrainConfig, on_cpu: bool) -> Any:
     from torchao.float8 import Float8LinearConfig
 
     # plain weight tensors: the float8 all-gather wrapper (an FSDP2 optimisation) would replace
-    # the parameters the optimizer already holds, and safetensors cannot save it
-    return AORecipeKwargs(config=Float8LinearConfig(enable_fsdp_float8_all_gather=False))
+    # the parameters the optimizer already holds, and safetensors cannot save it.
+    # pad_inner_dim: FP8 GEMMs need inner dimensions that are multiples of 16, and the weight
+    # gradient's inner dimension is the micro-batch's token count (rows x padded width, any
+    # number): torchao pads it with zeros, which adds nothing to the sums (pytorch/ao#3111)
+    return AORecipeKwargs(config=Float8LinearConfig(enable_fsdp_float8_all_gather=False, pad_inner_dim=True))
 
 
 def check_fp8(cfg: TrainConfig, on_cpu: bool) -> None:
