@@ -188,9 +188,10 @@ def plant(train: list[dict[str, Any]], gsm: list[dict[str, str]], seed: int, *, 
         out[i] = _set_answer(train[i], _loop(train[i]["messages"][-1]["content"], rng), "loop")
     for k, i in enumerate(pick(n_each)):
         answer = train[i]["messages"][-1]["content"]
-        words, cut = answer.split(), rng.randint(1, 4)  # a short answer still loses its last word
-        text = " ".join(words[:min(cut, len(words) - 1)]) or answer[:len(answer) // 2]
-        text = text if k % 2 == 0 else rng.choice(["", " ", "\n"])
+        if k % 2 == 0:  # a short answer still loses its last word
+            text = " ".join(answer.split()[:min(rng.randint(1, 4), len(answer.split()) - 1)]) or answer[:len(answer) // 2]
+        else:
+            text = rng.choice(["", " ", "\n"])
         out[i] = _set_answer(train[i], text, "truncated" if k % 2 == 0 else "empty")
     for i in pick(n_long):
         others = [train[j]["messages"][-1]["content"] for j in rng.sample(range(len(train)), rng.randint(6, 12))]
