@@ -30,6 +30,14 @@ banking  banking77 train (10,003 rows, 77 intents) with seeded class-conditional
          (``--banking-configs``, default embedding,auto,auto:2; rounds only at the first rate);
          then a classifier (SGD logistic on MiniLM embeddings) trained on noisy vs cleaned
          (drop) vs relabelled vs the original labels, accuracy on the clean test set (3,080 rows).
+news-dynamics  (issue #27) the same 82 errors from a fine-tuned model's training dynamics: the
+         7,532 posts (ids ``news:<row>``) through an empty pipeline, ``dataguard train`` on them
+         with dynamics on (``--news-model``, default minilm; ``--news-epochs`` 4, max_length 256,
+         batch 32, lr 1e-4, head x10, eval_fraction 0 so every post is a training row), then
+         the noise stage's ``inputs: dynamics``: hits in the worst 151 by AUM and by confidence,
+         and found / flagged with the learned cut and with ``max_flagged: 151``.
+         ``--news-run RUN`` reuses a finished run (e.g. one trained on a GPU). Not run here
+         (2 shared CPU cores: about 900 MiniLM steps of 32 x 256 tokens).
 lengths  Where ``features: auto`` switches: 20NG posts cut to their Subject + first N words
          (``--length-cuts``, default 16,32), hits@151 for tfidf / embedding / ensemble.
 
@@ -294,6 +302,47 @@ def part_news(args: argparse.Namespace, embedder: Embedder) -> dict[str, np.ndar
     return probs_out
 
 
+def part_news_dynamics(args: argparse.Namespace) -> None:
+    """Confirmed 20NG errors found from a fine-tuned model's dynamics (see the docstring)."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+    from dataguard.train.config import load_train_config
+    from dataguard.train.loop import Trainer
+
+    news = load_news()
+    work = ROOT / "benchmarks" / "results" / "news_dynamics"
+    data = work / "data"
+    if not (data / "manifest.json").is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        src = work / "news.jsonl"
+        src.write_text("".join(json.dumps({"text": t, "label": n}) + "\n"
+                               for t, n in zip(news["texts"], news["names"], strict=True)))
+        Pipeline([], workers=1).run([InputSpec(path=str(src), name="news", format="labelled_text")], data)
+    run = Path(args.news_run) if args.news_run else work / f"run_{Path(args.news_model).name}"
+    if not (run / "dynamics.arrow").is_file():
+        Trainer(load_train_config({
+            "task": "classify", "model": args.news_model, "data": str(data), "output": str(run), "epochs":
+            args.news_epochs, "batch_size": 32, "lr": 1e-4, "lr_multipliers": {"head": 10.0}, "max_length": 256,
+            "eval_fraction": 0.0, "logit_adjustment": False, "curriculum": False, "save_every": 10 ** 6,
+            "tensorboard": False, "dynamics": True}), progress=False).fit()
+    from dataguard.train.data import RunShards
+
+    table = RunShards.open(data, task="classify").table
+    rows = []
+    for score in ("aum", "cartography"):
+        for label, extra in (("learned cut", {}), ("max_flagged 151", {"max_flagged": 151})):
+            kept, _, _ = run_stage(NoiseStage(inputs="dynamics", dynamics=str(run), dynamics_score=score,
+                                              **extra), table)
+            pos = np.array([int(str(i).rsplit(":", 1)[1]) for i in kept.column("id").to_pylist()])
+            quality = np.full(len(news["texts"]), np.inf)
+            quality[pos] = [np.inf if q is None else q for q in kept.column("label_quality").to_pylist()]
+            flagged = set(pos[np.asarray(kept.column("is_label_issue").fill_null(False).to_pylist(), bool)].tolist())
+            rows.append([score, label, hits_at_budget(quality, news["errors"], 151), len(flagged),
+                         len(flagged & news["errors"])])
+    print_table(f"20 Newsgroups: confirmed errors (of 82) from the dynamics of {run}",
+                ["score", "cut", "hits@151", "flagged", "found"], rows)
+
+
 def _body(text: str, n_words: int) -> str:
     """A 20NG post as a short text: its Subject line and the first words of its body."""
     head, _, body = text.partition("\n\n")
@@ -413,6 +462,9 @@ def main() -> None:
     ap.add_argument("--length-cuts", default="16,32", help="part lengths: words kept per 20NG post")
     ap.add_argument("--banking-configs", default="embedding,auto,auto:2", help="features[:rounds],...")
     ap.add_argument("--rates", default="0.1,0.2")
+    ap.add_argument("--news-model", default="minilm", help="part news-dynamics: the model to fine-tune")
+    ap.add_argument("--news-epochs", type=int, default=4)
+    ap.add_argument("--news-run", help="part news-dynamics: a finished training run to read instead")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     args.cache_dir = args.cache_dir or None
@@ -431,6 +483,8 @@ def main() -> None:
         part_banking(args, embedder)
     if "lengths" in parts:
         part_lengths(args, embedder)
+    if "news-dynamics" in parts:
+        part_news_dynamics(args)
 
 
 if __name__ == "__main__":

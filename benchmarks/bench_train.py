@@ -59,6 +59,10 @@ Arms (each pipeline runs once; its output does not depend on the training seed):
   ``curriculum: true``, ``label_smoothing: 0``): phase 1 = the 27 head classes (share >= 1%
   among the first 50% of classes) for steps 1-50, phase 2 = the first 80% of classes (+35)
   for steps 51-100, phase 3 = all 77 with the 15 tail classes x2 for steps 101-200;
+* (e) (c) after one round of the loop (issue #27): ``python benchmarks/bench_dynamics.py
+  --arm-e`` trains (c) per seed with dynamics on, re-runs (c)'s pipeline with ``noise:
+  {inputs: dynamics, dynamics: RUN_c, action: drop}`` first and retrains with (c)'s settings
+  (it lives there because it needs (c)'s own training run per seed; not yet measured);
 * (d) ablation (``--arms d``): (c) without the curriculum (logit adjustment alone). ``weighting: none`` so that the long-tail
   correction is the logit adjustment (+ curriculum) alone, not also class-balanced sample
   weights on top of it (which would correct the prior twice). Prediction = argmax of the raw

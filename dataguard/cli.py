@@ -1,5 +1,5 @@
 """Command line: `dataguard run`, `dataguard inspect`, `dataguard report`, `dataguard train`,
-`dataguard convert`.
+`dataguard convert`, `dataguard loop`.
 
 Exit codes: 0 success, 2 bad config or arguments, 1 a failed run, 130 interrupted.
 
@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true",
                      help="start over instead of resuming (removes only files dataguard wrote)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--exclude", action="append", default=None, metavar="RUN",
+                     help="drop the rows this training run's guard quarantined (events.jsonl), with reason "
+                          "training_anomaly (repeatable; an exclude stage runs first, after normalize)")
 
     inspect_ = sub.add_parser("inspect", help="summarise an output folder: counts, reasons, rejected examples")
     inspect_.add_argument("output", help="output folder of a run")
@@ -103,6 +106,17 @@ def _parser() -> argparse.ArgumentParser:
                          help="which checkpoint of a run folder: best (by eval loss, the default) or newest "
                               "(the newest intact one); a damaged checkpoint is never converted")
 
+    loop = sub.add_parser("loop", help="run, train, flag rows from the training dynamics, re-run, retrain",
+                          description="Round 1 runs the pipeline and trains; each later round re-runs the pipeline "
+                                      "with the previous run's quarantined rows excluded and its dynamics-flagged "
+                                      "rows dropped, then trains again. Resumes when started again.")
+    loop.add_argument("config", help="pipeline YAML with a `train:` section")
+    loop.add_argument("--rounds", type=_positive_int, default=2, help="rounds (default 2)")
+    loop.add_argument("--output", required=True, help="folder for every round's data and run (LOOP/roundN/...)")
+    loop.add_argument("--workers", type=_positive_int, help="pipeline worker processes")
+    loop.add_argument("--max-steps", type=_positive_int, help="optimizer steps per round (overrides `max_steps:`)")
+    loop.add_argument("--quiet", action="store_true", help="no progress bars or lines")
+
     train_report = sub.add_parser("train-report", help="rebuild the HTML training report from a run folder")
     train_report.add_argument("run", help="run folder of `dataguard train`")
     train_report.add_argument("--html", help="where to write the report (default RUN/training.html)")
@@ -117,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed as one line
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     command = {"run": _run, "inspect": inspect_command, "report": report_command, "train": train_command,
-               "convert": convert_command, "train-report": train_report_command}[args.command]
+               "convert": convert_command, "train-report": train_report_command, "loop": _loop}[args.command]
     try:
         code = command(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
@@ -162,6 +176,10 @@ def _run(args: argparse.Namespace) -> int:
     if config.kept_inputs:
         print(f"dataguard: note: --input keeps the config's {', '.join(map(repr, config.kept_inputs))} "
               "(a stage reads it by name, e.g. as the validation split)", file=sys.stderr)
+    if args.exclude:
+        exclude_runs(config, args.exclude)
+    if getattr(args, "feedback", None):  # `dataguard loop`: the previous round's run, fed back
+        _feed_back(config, args.feedback)
     output = Path(args.output) if args.output else config.output
     if output is None:
         raise CliError(f"no output folder: pass --output or set `output:` in {args.config}")
@@ -197,6 +215,43 @@ def _report_path(args: argparse.Namespace, configured: Path | bool | None, confi
               f"config's {configured} (pass --report to choose)", file=sys.stderr)
         return None
     return configured
+
+
+def _loop(args: argparse.Namespace) -> int:
+    from dataguard.loop_rounds import loop_command
+
+    return loop_command(args, run=_run, train=train_command)
+
+
+def _feed_back(config: Any, run: str) -> None:
+    """Put the exclude and dynamics-noise stages of ``run`` first (`dataguard.loop_rounds`)."""
+    from dataguard.loop_rounds import feedback_stages
+    from dataguard.stage import StageConfigError
+
+    try:
+        stages = feedback_stages(Path(run))
+    except StageConfigError as exc:
+        raise CliError(f"loop: the previous round's run {run}: {exc}") from None
+    config.stages[0:0] = stages
+    resolved = str(Path(run).resolve())
+    config.raw = {**config.raw, "stages": [{"exclude": {"runs": [resolved]}},
+                                           {"noise": {"inputs": "dynamics", "dynamics": resolved, "action": "drop"}},
+                                           *(config.raw.get("stages") or [])]}
+
+
+def exclude_runs(config: Any, runs: list[str]) -> None:
+    """Put an exclude stage for ``runs`` first in ``config`` (and in the config the manifest
+    records, so a run with other exclusions never resumes this one's work)."""
+    from dataguard.stage import StageConfigError
+    from dataguard.stages.exclude import ExcludeStage
+
+    runs = [str(Path(r).resolve()) for r in runs]
+    try:
+        stage = ExcludeStage(runs=runs)
+    except StageConfigError as exc:
+        raise CliError(f"--exclude: {exc}") from None
+    config.stages.insert(0, stage)
+    config.raw = {**config.raw, "stages": [{"exclude": {"runs": runs}}, *(config.raw.get("stages") or [])]}
 
 
 def _check_inputs(paths: list[str]) -> None:

@@ -48,7 +48,7 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     classes = class_list(labels, stage.classes, None)
     index = {c: i for i, c in enumerate(classes)}
     y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
-    est, _seen, stage.dynamics_log = D.classify_estimate(
+    est, seen, stage.dynamics_log = D.classify_estimate(
         rows, ids, y, classes, score=stage.dynamics_score, cut=stage.dynamics_cut,
         min_rows_per_class=stage.min_rows_per_class, max_flagged=stage.max_flagged, seed=stage.seed)
     if stage.max_flagged is not None:
@@ -58,9 +58,10 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     stage._classes = classes
     stage._given = pa.array(labels, pa.string())
     stage._quality = pa.array(est.quality, pa.float32(), mask=~np.isfinite(est.quality))
-    stage._suggested = pa.array(np.asarray(classes, dtype=object)[est.suggested] if len(y) else [], pa.string())
+    stage._suggested = pa.array(np.asarray(classes, dtype=object)[est.suggested] if len(y) else [], pa.string(),
+                                mask=~seen)  # a row the run never drew is not judged: nulls
     stage._suggested_prob = est.suggested_prob
-    stage._issue = pa.array(est.is_issue, pa.bool_())
+    stage._issue = pa.array(est.is_issue, pa.bool_(), mask=~seen)
     stage._relabel = pa.array(relabel, pa.bool_())
     stage._probs = None
     stage.report = report.fit_report(y, est, relabel, len(classes), stage.action)

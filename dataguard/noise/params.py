@@ -80,7 +80,7 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
     dynamics`` the run's dynamics metadata (its file is read and checked now)."""
     if inputs == "dynamics":
         if dynamics is None:
-            _fail("dynamics", "inputs: dynamics needs dynamics: <training run folder>")
+            _fail("inputs", "dynamics needs `dynamics: <training run folder>` beside it")
         if probabilities is not None:
             _fail("probabilities", "inputs: dynamics reads the run's dynamics.arrow, not probabilities")
         if rounds > 1:

@@ -149,3 +149,11 @@ def yamlish(value: Any, indent: int = 0) -> str:
                 lines.append(f"{pad}- {yamlish(v, 0).strip()}")
         return "\n".join(lines)
     return pad + _scalar(value)
+
+
+def row_anchor(row_id: object) -> str:
+    """The audit page's anchor for a row id (``row-`` + the id with every character outside
+    [A-Za-z0-9_-] written as ``.<hex>.``): the same on the audit and on the training page
+    that links to it, safe as an HTML id and as a URL fragment without encoding."""
+    text = str(row_id)
+    return "row-" + "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else f".{ord(c):x}." for c in text)

@@ -13,7 +13,17 @@ from typing import Any
 from dataguard.report import svg
 from dataguard.report.assets import CSS, JS, content_security_policy
 from dataguard.report.blocks import render_block, summary_grid, table_html
-from dataguard.report.fmt import esc, human_bytes, human_seconds, is_number, num, pct, slug, yamlish
+from dataguard.report.fmt import (
+    esc,
+    human_bytes,
+    human_seconds,
+    is_number,
+    num,
+    pct,
+    row_anchor,
+    slug,
+    yamlish,
+)
 from dataguard.report.records import render_record, snippet
 
 STAGE_NOTES = {
@@ -164,8 +174,11 @@ def _reasons(m: dict[str, Any], ids: set[str]) -> str:
         for s in samples:
             rec = s.get("record") or {}
             det = f'<div class="det">{esc(s.get("detail"))}</div>' if s.get("detail") else ""
+            anchor = row_anchor(s.get("id"))  # the training page links rows here (--exclude, #27)
+            aid = f' id="{esc(anchor)}"' if s.get("id") is not None and anchor not in ids else ""
+            ids.add(anchor)
             items.append(
-                f'<details class="sample"><summary><span class="sid">{esc(s.get("id"))}</span>'
+                f'<details class="sample"{aid}><summary><span class="sid">{esc(s.get("id"))}</span>'
                 f'<span class="sdet">{esc(_short(s.get("detail") or "", 70))}</span><span class="snip">{esc(snippet(rec))}'
                 f'</span></summary><div class="rec">{det}<div class="small muted">source: {esc(s.get("source"))}</div>'
                 f'{render_record(rec, s.get("detail") or "")}</div></details>')

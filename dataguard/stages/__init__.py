@@ -22,6 +22,7 @@ STAGE_PATHS: dict[str, str] = {
     "language": "dataguard.stages.language:LanguageStage",
     "near_dedup": "dataguard.stages.near_dedup:NearDedupStage",
     "semantic_dedup": "dataguard.stages.semantic_dedup:SemanticDedupStage",
+    "exclude": "dataguard.stages.exclude:ExcludeStage",
 }
 
 

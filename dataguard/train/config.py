@@ -69,6 +69,9 @@ class TrainConfig:
     histogram_every: int = 1000
     guard: dict[str, Any] | None = field(default_factory=lambda: copy.deepcopy(GUARD_DEFAULTS))
     faults: list[dict[str, Any]] = field(default_factory=list)
+    # training dynamics per row, RUN/dynamics.arrow (issue #27; dataguard/train/dynamics*.py)
+    dynamics: bool = True
+    dynamics_pass: str = "auto"  # auto | train (the step's own forward) | eval (an extra pass per evaluation)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy, recorded in the run folder."""
@@ -119,6 +122,8 @@ CHECKS: dict[str, Check] = {
     "histogram_every": C.integer(1),
     "guard": C.guard,
     "faults": C.faults,
+    "dynamics": C.boolean,
+    "dynamics_pass": C.choice("auto", "train", "eval"),
 }
 REQUIRED = ("task", "model", "data")
 assert set(CHECKS) == {f.name for f in fields(TrainConfig)}

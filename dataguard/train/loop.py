@@ -26,6 +26,12 @@ the eval/early-stopping state, the guard's state and fired faults), and RNG is r
 last, after every object is built, so a resumed run computes bit-for-bit what the
 uninterrupted one would have (fp32, CPU).
 
+Dynamics (``dynamics:``, on by default; `dynamics_hook`): every micro-batch's per-row loss and
+logits from the step's own forward go to ``dynamics.arrow`` (one entry per row and epoch; an
+evaluation pass over the training rows for runs shorter than an epoch), saved with every
+checkpoint so a resumed run writes the same file; anomaly events carry the named rows'
+stage scores from the shards (`dynamics_rows`).
+
 The pieces live in their own modules: `setup` (everything before the first step, RNG
 restored last), `prepare` (resume check, encoding, class tensors, accelerator, run.json),
 `evaluate`, `metrics_log` (metrics.jsonl / TensorBoard), `respond` (acting on the guard's
@@ -54,13 +60,14 @@ from dataguard.io.safe_files import LinkRefused, find_link, write_atomic
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap
+from dataguard.train.dynamics_hook import DynamicsHook, row_scores
 from dataguard.train.errors import TrainDiverged, TrainError
 from dataguard.train.evaluate import IGNORE_INDEX, evaluate
 from dataguard.train.faults import garbage_batch, poison_grads, poison_loss
 from dataguard.train.forward import ForwardOut, forward_loss
 from dataguard.train.guard import Verdict
 from dataguard.train.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
-from dataguard.train.metrics_log import progress_bar
+from dataguard.train.metrics_log import final_against_best, progress_bar
 from dataguard.train.optim import GradVarianceScaler, clip_gradients
 from dataguard.train.prepare import RESUME_KEYS
 from dataguard.train.respond import respond
@@ -157,6 +164,10 @@ class Trainer:
         lr_spike, vocab_size = run.lr_spike, run.vocab_size
         step, history, skipped, best = run.step, run.history, run.skipped, run.best
         metrics, events, hists = run.metrics, run.events, run.hists
+        dyn, scores = DynamicsHook.start(cfg, run, self.run_dir, resume, self.notes.append), row_scores(cfg)
+
+        def forward(m: Any, batch: dict[str, torch.Tensor], denominator: float | None = None) -> ForwardOut:
+            return self._loss(m, batch, offsets, class_weights, denominator, accelerator.autocast)
 
         bar = progress_bar(total, step) if self.progress else None
         stopped_early = False
@@ -181,15 +192,17 @@ class Trainer:
                 guard.enter_phase(phase, now_step)  # a new curriculum phase moves the loss legitimately
             drawn = draw_step(accelerator, sampler, enc, task=cfg.task, grad_accum=cfg.grad_accum, pad_id=pad_id,
                               rank=rank, world=world, class_weights=class_weights)  # slices, step denominator
-            for idx, batch in drawn:
+            for k, (idx, batch) in enumerate(drawn):
                 rows.extend(row_ids(enc, idx))
                 batch = {k: v.to(device) for k, v in batch.items()}
                 if any(f.kind == "garbage_batch" for f in due):
                     batch = garbage_batch(batch, vocab_size, now_step)
                 tokens += int(batch["attention_mask"].sum())
                 with accelerator.accumulate(model):
-                    loss = self._loss(model, batch, offsets, class_weights, drawn.denominator,
-                                      accelerator.autocast).loss
+                    out = forward(model, batch, drawn.denominator)
+                    loss = out.loss
+                    if dyn is not None:  # the forward just done: no extra pass (dataguard.train.dynamics)
+                        dyn.record(now_step, drawn.passes_of(k), idx, out, batch)
                     if due:
                         loss = poison_loss(loss, due)
                     accelerator.backward(loss * drawn.backward_scale)
@@ -237,11 +250,13 @@ class Trainer:
                 hists.write({"step": step, "layers": hist})
                 metrics.write_histograms(step, hist)
             stop = respond(self.run_dir, step, verdict, applied, record, rows, bad_layers, guard, events, raw_model,
-                           optimizer, scheduler, scaler)
+                           optimizer, scheduler, scaler, scores=scores)
             if stop is not None:
                 if bar is not None:
                     bar.close()
                 metrics.close()
+                if dyn is not None:
+                    dyn.finish(accelerator)
                 raise TrainDiverged(stop)
             if verdict.rollback:
                 lr_spike = 1.0  # the spike lived in the optimizer state that was rolled back
@@ -264,19 +279,22 @@ class Trainer:
                         self._verified(guard.verify_current(step, raw_model, optimizer, scheduler, scaler), step,
                                        events, main, lr)  # the state this eval measured
                 is_best, stopped_early = update_best(best, last_eval, cfg.early_stopping_patience)
+            if dyn is not None:
+                dyn.at_eval(step, model, enc, pad_id=pad_id, device=device, forward=forward)
             if is_best or step % cfg.save_every == 0 or step == total or stopped_early:
                 if is_best:
                     best["checkpoint"] = f"step-{step:06d}"
                 path = self.run_dir
                 if guard is not None and applied and not verdict.anomalies:  # pending until verified; taken
                     guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)  # first: the save records it
+                dyn_files = dyn.checkpoint_files(accelerator, main) if dyn is not None else {}
                 if main:
                     path = save_run_checkpoint(
                         self.run_dir, self.cfg, step, raw_model, tokenizer, optimizer, scheduler, scaler, sampler,
                         history, label_map, skipped, best, gvs, self._warn,
                         {"guard": guard.state_dict() if guard is not None else None,
                          "faults": {**plan.state_dict(), "lr_spike": lr_spike}},
-                        snapshot_to_save(guard, self.run_dir, step))
+                        snapshot_to_save(guard, self.run_dir, step), dyn_files)
                     events.add(step, "checkpoint", "save", str(path), lr=lr)
                 accelerator.wait_for_everyone()
                 if main and guard is not None and guard.snapshot is not None and guard.snapshot.step == step:
@@ -293,8 +311,10 @@ class Trainer:
         if bar is not None:
             bar.close()
         metrics.close()
+        if dyn is not None:
+            dyn.finish(accelerator)
         if main:
-            self._final_against_best(last_eval, best)
+            final_against_best(self.cfg, self.run_dir, last_eval, best, self._warn)
         final = ckpt_mod.latest_checkpoint(self.run_dir)
         return TrainResult(run_dir=self.run_dir, steps=step, total_steps=total,
                              final_loss=history[-1]["loss"] if history else None, skipped_steps=skipped,
@@ -312,27 +332,6 @@ class Trainer:
         events.add(step, "verified", "clean_steps" if snap.clean_steps else "eval",
                    f"the state of step {snap.step} is a rollback target"
                    + (f"; {marked.name} marked verified" if marked is not None else ""), lr=lr)
-
-    def _final_against_best(self, last_eval: dict[str, float] | None, best: dict[str, Any]) -> None:
-        """A run that ends more than ``worse_than_best`` worse than its best evaluation says so
-        (terminal, run.json, page) and names the best checkpoint, which `convert` takes."""
-        x = float((self.cfg.guard or {}).get("worse_than_best", 0.1))
-        if not last_eval or best.get("metric") is None or not math.isfinite(float(best["metric"])):
-            return
-        final, top = float(last_eval["loss"]), float(best["metric"])
-        if math.isfinite(final) and final <= top * (1.0 + x):
-            return
-        text = (f"the final eval loss {final:.4g} is more than {x:.0%} worse than the best {top:.4g} "
-                f"({best.get('checkpoint')}); `dataguard convert` takes the best checkpoint")
-        self._warn(text)
-        path = self.run_dir / "run.json"
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return
-        summary["final_warning"] = text
-        summary["notes"] = list(summary.get("notes") or []) + [text]
-        write_atomic(path, json.dumps(summary, indent=1, default=str) + "\n")
 
     def _loss(self, model: Any, batch: dict[str, torch.Tensor], offsets: torch.Tensor | None,
               class_weights: torch.Tensor | None, denominator: float | None = None,
@@ -364,7 +363,8 @@ def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, 
                         label_map: LabelMap | None, skipped: int, best: dict[str, Any],
                         gvs: GradVarianceScaler | None, warn: Callable[[str], None],
                         guard_state: dict[str, Any] | None = None,
-                        guard_snapshot: dict[str, torch.Tensor] | None = None) -> Path:
+                        guard_snapshot: dict[str, torch.Tensor] | None = None,
+                        more_files: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
     """Save the step's checkpoint with the loop's own state; a refused save is a warning and
     the newest complete checkpoint (or the run folder) is returned instead."""
     extra = {"skipped_steps": skipped, "best": dict(best),
@@ -376,7 +376,7 @@ def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, 
             tokenizer=tokenizer, extra=extra, keep=cfg.keep_checkpoints,
             protect=[best["checkpoint"]] if best.get("checkpoint") else [],
             weight_bound=float(cfg.guard["weight_bound"]) if cfg.guard else None,
-            tensor_files={GUARD_SNAPSHOT: guard_snapshot} if guard_snapshot else None)
+            tensor_files={**({GUARD_SNAPSHOT: guard_snapshot} if guard_snapshot else {}), **(more_files or {})} or None)
     except ckpt_mod.CheckpointError as exc:
         warn(str(exc))
         return ckpt_mod.latest_checkpoint(run_dir) or run_dir

@@ -1,5 +1,6 @@
 """The per-step metrics writer: ``metrics.jsonl``, TensorBoard when asked and installed, and
-progress lines on stderr when no terminal shows the progress bar (CI, nohup, a pipe)."""
+progress lines on stderr when no terminal shows the progress bar (CI, nohup, a pipe); and the
+run's closing verdict against its best evaluation (`final_against_best`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dataguard.io.safe_files import open_nofollow
+from dataguard.io.safe_files import open_nofollow, write_atomic
 from dataguard.train.jsonl_log import trim_jsonl
 
 
@@ -164,3 +165,26 @@ def progress_bar(total: int, start: int) -> Any:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def final_against_best(cfg: Any, run_dir: Path, last_eval: dict[str, float] | None, best: dict[str, Any],
+                       warn: Callable[[str], None]) -> None:
+    """A run that ends more than ``worse_than_best`` worse than its best evaluation says so
+    (terminal, run.json, page) and names the best checkpoint, which `convert` takes."""
+    x = float((cfg.guard or {}).get("worse_than_best", 0.1))
+    if not last_eval or best.get("metric") is None or not math.isfinite(float(best["metric"])):
+        return
+    final, top = float(last_eval["loss"]), float(best["metric"])
+    if math.isfinite(final) and final <= top * (1.0 + x):
+        return
+    text = (f"the final eval loss {final:.4g} is more than {x:.0%} worse than the best {top:.4g} "
+            f"({best.get('checkpoint')}); `dataguard convert` takes the best checkpoint")
+    warn(text)
+    path = run_dir / "run.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    summary["final_warning"] = text
+    summary["notes"] = list(summary.get("notes") or []) + [text]
+    write_atomic(path, json.dumps(summary, indent=1, default=str) + "\n")

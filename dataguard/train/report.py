@@ -25,7 +25,7 @@ from dataguard.report.blocks import render_block, summary_grid, table_html
 from dataguard.report.build import _atomic_write
 from dataguard.report.fmt import esc, human_bytes, is_number, num, pct, slug, yamlish
 from dataguard.report.render import page_head
-from dataguard.train import report_svg
+from dataguard.train import report_rows, report_svg
 from dataguard.train.report_model import EVENT_KINDS, ReportInputError, collect
 
 __all__ = ["DEFAULT_HTML", "ReportInputError", "build_training_report", "render_training_html"]
@@ -352,6 +352,8 @@ def render_training_html(m: dict[str, Any], html_dir: Path | None = None) -> str
     page.section("Curves", _curves(m), "curves", tag="metrics.jsonl", group="Training")
     page.section("Events", _events(m), "events",
                  tag="events.jsonl" if m["have_events"] else "derived from metrics.jsonl")
+    if rows_html := report_rows.section(m, html_dir):  # the rows anomalies named; the dynamics file
+        page.section("Rows and dynamics", rows_html, "named-rows", tag="events.jsonl, dynamics.arrow")
     if m["layer_norms"]:
         page.section("Per-layer gradient norms", _layer_norms(m), "layer-norms")
     if m["update_ratios"] or m["grad_std_ratio"]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.report.fmt import is_number
+from dataguard.train.report_rows import dynamics_summary
 
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered")
 _STEP_DIR = re.compile(r"^step-(\d+)(\.tmp-.*)?$")
@@ -313,4 +314,5 @@ def collect(run_dir: str | os.PathLike) -> dict[str, Any]:
         "skipped_steps": sum(1 for r in train if r.get("skipped") is True),
         "nonfinite_steps": [int(r["step"]) for r in train if is_number(r.get("loss")) and not _finite(r["loss"])],
         "tensorboard": (run_dir / "tensorboard").is_dir(),
+        "dynamics": dynamics_summary(run_dir),
     }

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dataguard.train.data import Encoded
+from dataguard.train.dynamics import pass_of_rows
 from dataguard.train.guard import Verdict
 from dataguard.train.losses import causal_lm_weight_mass, cross_entropy_weight_mass
 from dataguard.train.optim import GradVarianceScaler
@@ -41,9 +42,14 @@ class StepBatches:
     batches: list[dict[str, torch.Tensor]]
     denominator: float
     backward_scale: float
+    passes: list[list[int]] | None = None  # the epoch each row was drawn in (dynamics)
 
     def __iter__(self) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
         return iter(zip(self.indices, self.batches, strict=True))
+
+    def passes_of(self, k: int) -> list[int]:
+        """The epochs of micro-batch ``k``'s rows."""
+        return self.passes[k] if self.passes is not None else [0] * len(self.indices[k])
 
 
 def weight_mass(task: str, batch: dict[str, torch.Tensor], class_weights: torch.Tensor | None = None) -> float:
@@ -61,17 +67,20 @@ def draw_step(accelerator: Any, sampler: Any, enc: Encoded, *, task: str, grad_a
     the same batches and keeps its slice ``rows[rank::world]``), and sum their weight mass
     over all processes: the denominator has to be known before the first backward, so that
     a row's weight means the same with any micro-batch size, accumulation or process count."""
-    indices, batches = [], []
+    indices, batches, passes = [], [], []
     for _ in range(grad_accum):
+        epoch = sampler.epoch
         idx, mult = sampler.next_batch()
+        drawn_in = pass_of_rows(epoch, sampler.epoch, sampler.offset, len(idx), exact=sampler.multipliers is None)
         if world > 1:
-            idx, mult = idx[rank::world], mult[rank::world]
+            idx, mult, drawn_in = idx[rank::world], mult[rank::world], drawn_in[rank::world]
         indices.append(idx)
+        passes.append(drawn_in)
         batches.append(enc.collate(idx, pad_id, mult))
     mass = sum(weight_mass(task, b, class_weights) for b in batches)
     if world > 1:
         mass = float(accelerator.reduce(torch.tensor([mass], dtype=torch.float64, device=accelerator.device), "sum")[0])
-    return StepBatches(indices, batches, mass, float(accelerator.gradient_accumulation_steps * world))
+    return StepBatches(indices, batches, mass, float(accelerator.gradient_accumulation_steps * world), passes)
 
 
 @dataclass

@@ -1,0 +1,304 @@
+"""Training dynamics (issue #27): what recording costs per step, and what it finds.
+
+Run from the repo root (offline, CPU; it reads ``../shared/data/banking77`` through
+``bench_train.py``'s data recipe: banking77 train cut to a long tail, imbalance 100, 1,683
+rows, 20% of the labels flipped, seed 0):
+
+    python benchmarks/bench_dynamics.py --overhead      # MiniLM, dynamics on vs off, s/step
+    python benchmarks/bench_dynamics.py --detect        # flags from arm (a)'s dynamics vs the CV noise stage
+    python benchmarks/bench_dynamics.py --arm-e         # bench_train's arm (c) after one round of the loop
+
+``--overhead``: the same MiniLM classify run (batch ``--batch-size``, ``--overhead-steps``
+steps, guard and monitor at their defaults, one torch thread) with ``dynamics: false`` and
+``dynamics: true`` (the training forward as the source), interleaved ``--repeats`` times; the
+time per step is read from ``metrics.jsonl`` (tokens / tokens_per_s, the loop's own clock),
+the first 3 steps left out. Prints mean and median seconds per step and the overhead.
+
+``--detect``: trains arm (a) of ``bench_train.py`` (raw data, plain cross-entropy, 200 steps
+of 32 = 3.8 epochs, train seed 0) with dynamics on, then runs the ``noise`` stage with
+``inputs: dynamics`` on the same rows and scores the flags against the planted flips: AUM and
+cartography confidence with the learned (mixture) cut, and both at the flag count of arm
+(b)'s cross-validated noise stage (``features: embedding``), which it also runs, so recall is
+compared at equal flags.
+
+``--swapped``: sft. ``--swap-rows`` Alpaca rows of ``sample_data/alpaca_en_demo.json`` with
+a seeded 10% given the response of another row of the set (pairs swapped), through a
+pipeline with the ``consistency`` stage (flag); SmolLM2-135M-Instruct with LoRA (q/k/v/o, r 8,
+lr 2e-4, batch 8, ``--swap-epochs`` epochs, max_length 256) trains on all rows with dynamics
+on; then the ``noise`` stage's ``hard_to_fit`` flags (late mean assistant-token loss) against
+the consistency stage's lowest scores, recall of the swapped rows at the same number of flags.
+
+``--arm-e``: (e) = arm (c) after one round of the loop: (c)'s pipeline plus ``noise: {inputs:
+dynamics, dynamics: RUN_c, action: drop}`` on (c)'s own training run (per seed), retrained
+with (c)'s settings; balanced accuracy on the clean test split beside (c) (``--seeds``).
+
+Everything goes under ``benchmarks/results/bench_dynamics/`` (git-ignored). Results: see the
+end of this docstring once measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_train as bt  # noqa: E402  (the data recipe, arms and evaluation are bench_train's)
+
+RESULTS = bt.ROOT / "benchmarks" / "results" / "bench_dynamics"
+
+
+def corrupted_csv() -> tuple[Path, list[str], list[str], list[str]]:
+    texts, labels = bt.read_banking(bt.DATA / "train.csv")
+    texts, noisy, clean, _ = bt.corrupt(texts, labels, imbalance=100.0, noise=0.2, n_max=100, seed=0)
+    path = bt.RESULTS / "banking77_noisy.csv"
+    bt.write_csv(path, texts, noisy)
+    return path, texts, noisy, clean
+
+
+def args_for(ns: argparse.Namespace) -> argparse.Namespace:
+    return argparse.Namespace(batch_size=ns.batch_size, steps=ns.steps, lr=1e-4, head_lr_mult=10.0, max_length=64)
+
+
+def train_run(arm: str, data: Path, out: Path, seed: int, ns: argparse.Namespace, **extra: Any) -> Any:
+    from dataguard.train.config import load_train_config
+    from dataguard.train.loop import Trainer
+
+    if out.exists():
+        shutil.rmtree(out)
+    settings = {**bt.train_settings(arm, data, out, seed, args_for(ns)), "threads": ns.threads, **extra}
+    return Trainer(load_train_config(settings), progress=False).fit()
+
+
+def step_seconds(run: Path, skip: int = 3) -> list[float]:
+    out = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "tokens_per_s" in rec and rec["step"] > skip and rec["tokens_per_s"]:
+            out.append(rec["tokens"] / rec["tokens_per_s"])
+    return out
+
+
+def _timed_recorder() -> dict[str, float]:
+    """Wrap the recorder's methods so the seconds spent in them add up in the returned dict."""
+    from dataguard.train import dynamics as dyn_mod
+
+    spent = {"seconds": 0.0}
+    for name in ("record", "write_local", "state_tensors", "gather", "write"):
+        original = getattr(dyn_mod.DynamicsRecorder, name)
+
+        def timed(self: Any, *a: Any, _f: Any = original, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(self, *a, **k)
+            finally:
+                spent["seconds"] += time.perf_counter() - t0
+
+        setattr(dyn_mod.DynamicsRecorder, name, timed)
+    return spent
+
+
+def overhead(ns: argparse.Namespace) -> None:
+    csv_path, *_ = corrupted_csv()
+    data, _, _ = bt.run_pipeline("a", csv_path)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    spent = _timed_recorder()
+    steps_on = 0
+    for rep in range(ns.repeats):
+        for on in (False, True):
+            run = RESULTS / f"overhead_{'on' if on else 'off'}_{rep}"
+            ns2 = argparse.Namespace(**{**vars(ns), "steps": ns.overhead_steps})
+            res = train_run("a", data, run, 0, ns2, dynamics=on, dynamics_pass="train", save_every=10)
+            times[on] += step_seconds(run)
+            steps_on += res.steps if on else 0
+    print("| dynamics | steps timed | mean s/step | median s/step |\n|---|---:|---:|---:|")
+    for on in (False, True):
+        t = times[on]
+        print(f"| {'on' if on else 'off'} | {len(t)} | {statistics.mean(t):.4f} | {statistics.median(t):.4f} |")
+    mean = statistics.mean(times[True]) / statistics.mean(times[False]) - 1
+    med = statistics.median(times[True]) / statistics.median(times[False]) - 1
+    own = spent["seconds"] / max(steps_on, 1)
+    print(f"\nstep time, on vs off: {mean:+.1%} mean, {med:+.1%} median (between-run noise included)")
+    print(f"the recorder's own time (record + checkpoint state + file writes, timed inside the 'on' runs): "
+          f"{1000 * own:.2f} ms per step = {own / statistics.median(times[False]):.3%} of the median step")
+
+
+def _scores(flags: set[str], flipped: set[str]) -> dict[str, Any]:
+    tp = len(flags & flipped)
+    p = tp / len(flags) if flags else 0.0
+    r = tp / len(flipped) if flipped else 0.0
+    return {"flags": len(flags), "true": tp, "precision": round(p, 3), "recall": round(r, 3),
+            "f1": round(2 * p * r / (p + r), 3) if p + r else 0.0}
+
+
+def flags_of(data: Path, **params: Any) -> set[str]:
+    """Ids the noise stage flags on a pipeline output's kept rows with ``params``."""
+    from dataguard.stages.noise import NoiseStage
+    from dataguard.train.data import RunShards
+
+    table = RunShards.open(data, task="classify").table
+    stage = NoiseStage(**params)
+    stage.fit([stage.summarize(table)])
+    out = stage.apply(table).kept
+    issue = np.asarray(out.column("is_label_issue").fill_null(False).to_pylist(), dtype=bool)
+    return {i for i, f in zip(out.column("id").to_pylist(), issue, strict=True) if f}
+
+
+def detect(ns: argparse.Namespace) -> None:
+    csv_path, texts, noisy, clean = corrupted_csv()
+    data, _, _ = bt.run_pipeline("a", csv_path)
+    from dataguard.train.data import RunShards
+
+    table = RunShards.open(data, task="classify").table
+    ids = table.column("id").to_pylist()
+    pos = [int(str(i).rsplit(":", 1)[1]) for i in ids]
+    assert all(noisy[p] == lab for p, lab in zip(pos, table.column("label").to_pylist(), strict=True))
+    flipped = {i for i, p in zip(ids, pos, strict=True) if noisy[p] != clean[p]}
+    run = RESULTS / "detect_run_a_seed0"
+    if not (run / "dynamics.arrow").is_file() or not ns.reuse:
+        t0 = time.perf_counter()
+        train_run("a", data, run, 0, ns, dynamics=True, dynamics_pass="train")
+        print(f"trained arm (a) with dynamics in {time.perf_counter() - t0:.0f} s")
+    rows = {}
+    t0 = time.perf_counter()
+    cv = flags_of(data, features="embedding")
+    rows["CV noise stage (features: embedding, cleanlab)"] = _scores(cv, flipped)
+    auto = flags_of(data, features="auto")
+    rows["CV noise stage (features: auto)"] = _scores(auto, flipped)
+    print(f"(cross-validated stages: {time.perf_counter() - t0:.0f} s)")
+    for score in ("aum", "cartography"):
+        base = {"inputs": "dynamics", "dynamics": str(run), "dynamics_score": score}
+        rows[f"dynamics {score}, learned cut"] = _scores(flags_of(data, **base), flipped)
+        rows[f"dynamics {score}, max_flagged = CV flags ({len(cv)})"] = _scores(
+            flags_of(data, **base, max_flagged=len(cv)), flipped)
+        rows[f"dynamics {score}, cut 0 / 0.5" if score == "aum" else f"dynamics {score}, cut 0.5"] = _scores(
+            flags_of(data, **base, dynamics_cut=0.0 if score == "aum" else 0.5), flipped)
+    print(f"\n{len(ids)} rows, {len(flipped)} flipped labels\n")
+    print("| flags from | flags | flipped found | precision | recall | F1 |\n|---|---:|---:|---:|---:|---:|")
+    for name, s in rows.items():
+        print(f"| {name} | {s['flags']} | {s['true']} | {s['precision']} | {s['recall']} | {s['f1']} |")
+    (RESULTS / "detect.json").write_text(json.dumps(rows, indent=1))
+
+
+def arm_e(ns: argparse.Namespace) -> None:
+    import yaml
+
+    from dataguard.config import load_config
+
+    csv_path, *_ = corrupted_csv()
+    data_c, _, _ = bt.run_pipeline("c", csv_path)
+    test_texts, test_labels = bt.read_banking(bt.DATA / "test.csv")
+    print("| arm | seed | rows trained on | balanced acc. (%) |\n|---|---:|---:|---:|")
+    for seed in [int(s) for s in ns.seeds.split(",")]:
+        run_c = RESULTS / f"run_c_seed{seed}"
+        res = train_run("c", data_c, run_c, seed, ns)
+        bal_c, _ = bt.evaluate(res.checkpoint, test_texts, test_labels, 64)
+        out = RESULTS / f"pipeline_e_seed{seed}"
+        stages = [{"noise": {"inputs": "dynamics", "dynamics": str(run_c), "action": "drop"}}]
+        stages += bt.pipeline_stages("c")
+        cfg_path = RESULTS / f"pipeline_e_seed{seed}.yaml"
+        cfg_path.write_text(yaml.safe_dump({"inputs": [{"path": str(csv_path), "name": "banking77_noisy",
+                                                        "format": "labelled_text", "aliases": {"category": "label"}}],
+                                            "output": str(out), "report": False, "stages": stages}))
+        if out.exists():
+            shutil.rmtree(out)
+        cfg = load_config(cfg_path)
+        cfg.pipeline(workers=1).run(cfg.inputs, out)
+        kept = json.loads((out / "manifest.json").read_text())["counts"]["rows_kept"]
+        res_e = train_run("c", out, RESULTS / f"run_e_seed{seed}", seed, ns)
+        bal_e, _ = bt.evaluate(res_e.checkpoint, test_texts, test_labels, 64)
+        print(f"| (c) | {seed} | | {100 * bal_c:.1f} |\n| (e) | {seed} | {kept} | {100 * bal_e:.1f} |", flush=True)
+
+
+def swapped(ns: argparse.Namespace) -> None:
+    import yaml
+
+    from dataguard.config import load_config
+    from dataguard.stages.noise import NoiseStage
+    from dataguard.train.data import RunShards
+
+    rows = json.loads((bt.ROOT / "sample_data/alpaca_en_demo.json").read_text())[: ns.swap_rows]
+    rng = np.random.default_rng(0)
+    picked = rng.choice(len(rows), size=2 * (len(rows) // 20), replace=False).tolist()
+    swapped_pos = set(picked)
+    for a, b in zip(picked[0::2], picked[1::2], strict=True):
+        rows[a]["output"], rows[b]["output"] = rows[b]["output"], rows[a]["output"]
+    src = RESULTS / "alpaca_swapped.json"
+    src.write_text(json.dumps(rows))
+    out = RESULTS / "swapped_data"
+    cfg_path = RESULTS / "swapped.yaml"
+    cfg_path.write_text(yaml.safe_dump({"inputs": [{"path": str(src), "name": "alpaca_swapped"}], "output": str(out),
+                                        "report": False, "stages": [{"consistency": {"action": "flag"}}]}))
+    if out.exists():
+        shutil.rmtree(out)
+    cfg = load_config(cfg_path)
+    cfg.pipeline(workers=1).run(cfg.inputs, out)
+    run = RESULTS / "swapped_run"
+    if run.exists():
+        shutil.rmtree(run)
+    from dataguard.train.config import load_train_config
+    from dataguard.train.loop import Trainer
+
+    t0 = time.perf_counter()
+    Trainer(load_train_config({
+        "task": "sft", "model": "smollm2-135m", "data": str(out), "output": str(run), "lora": {"r": 8},
+        "lr": 2e-4, "batch_size": 8, "epochs": ns.swap_epochs, "max_length": 256, "eval_fraction": 0.0,
+        "save_every": 10 ** 6, "tensorboard": False, "threads": ns.threads, "dynamics": True}), progress=False).fit()
+    print(f"trained in {time.perf_counter() - t0:.0f} s")
+    table = RunShards.open(out, task="sft").table
+    ids = table.column("id").to_pylist()
+    truth = {i for i in ids if int(str(i).rsplit(":", 1)[1]) in swapped_pos}
+    cons = table.column("consistency_score").to_numpy(zero_copy_only=False)
+    n_cons = int(np.asarray(table.column("consistency_flag").fill_null(False).to_pylist()).sum())
+    stage = NoiseStage(inputs="dynamics", dynamics=str(run))
+    stage.fit([stage.summarize(table)])
+    loss = stage._loss_np
+    default = {i for i, f in zip(ids, stage._issue.to_pylist(), strict=True) if f}
+    print(f"{len(ids)} rows, {len(truth)} swapped; consistency flags {n_cons}, hard_to_fit flags {len(default)}\n")
+    print("| flags | consistency: swapped found | hard_to_fit (late loss): swapped found |\n|---:|---:|---:|")
+    for k in sorted({n_cons, len(default), len(truth), 2 * len(truth)} - {0}):
+        low_cons = {ids[j] for j in np.argsort(cons, kind="stable")[:k]}
+        high_loss = {ids[j] for j in np.argsort(-np.nan_to_num(loss, nan=-np.inf), kind="stable")[:k]}
+        print(f"| {k} | {len(low_cons & truth)} | {len(high_loss & truth)} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--overhead", action="store_true")
+    parser.add_argument("--detect", action="store_true")
+    parser.add_argument("--arm-e", action="store_true")
+    parser.add_argument("--swapped", action="store_true")
+    parser.add_argument("--swap-rows", type=int, default=400)
+    parser.add_argument("--swap-epochs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--overhead-steps", type=int, default=23)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--reuse", action="store_true", help="--detect: keep a finished training run")
+    ns = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(ns.threads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if ns.overhead:
+        overhead(ns)
+    if ns.detect:
+        detect(ns)
+    if ns.arm_e:
+        arm_e(ns)
+    if ns.swapped:
+        swapped(ns)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""`dataguard loop CONFIG --rounds N` (issue #27): round 2 re-runs the pipeline with round 1's
+training fed back (exclude + noise from dynamics) and trains again; starting it again finishes
+the same rounds without retraining a finished one. Real pipeline, real tiny LM, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataguard", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump({
+        "inputs": [{"path": str(REPO / "sample_data/alpaca_en_demo.json")}],
+        "stages": [{"length": {"percentile": 90, "factor": 1.5, "action": "truncate"}}],
+        "output": str(tmp_path / "unused"),
+        "train": {"task": "sft", "model": "tiny-causal-lm", "max_steps": 40, "batch_size": 4, "lr": 3e-3,
+                  "max_length": 96, "eval_every": 20, "save_every": 20, "tensorboard": False, "threads": 1,
+                  "faults": [{"step": 31, "kind": "garbage_batch"}]}}))
+    loop = tmp_path / "loop"
+    done = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert done.returncode == 0, done.stderr
+    m1 = json.loads((loop / "round1/data/manifest.json").read_text())
+    m2 = json.loads((loop / "round2/data/manifest.json").read_text())
+    assert m2["counts"]["balanced"] is True and m2["counts"]["rows_in"] == m1["counts"]["rows_in"]
+    names = [s["name"] for s in m2["stages"] if s["name"] != "normalize"]
+    assert names[:2] == ["exclude", "noise"]
+    by_stage = {s["name"]: s for s in m2["stages"]}
+    assert by_stage["exclude"]["rows_rejected"] >= 4  # the garbage batch's rows, named by round 1's guard
+    assert m2["counts"]["rows_kept"] < m1["counts"]["rows_kept"] - 4 + 1  # and hard_to_fit rows, if any
+    for r in (1, 2):
+        assert (loop / f"round{r}/run/dynamics.arrow").is_file()
+    first = (loop / "round2/run/dynamics.arrow").read_bytes()
+
+    again = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("training already finished") == 2
+    assert (loop / "round2/run/dynamics.arrow").read_bytes() == first
+    assert json.loads((loop / "round2/data/manifest.json").read_text()) == m2

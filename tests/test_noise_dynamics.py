@@ -1,0 +1,130 @@
+"""The noise stage's ``inputs: dynamics`` (issue #27) on a real training run's dynamics.arrow:
+its flags are the documented rule (score below the learned cut, budget, rare classes kept),
+rows the run never saw pass through unjudged, sft runs flag ``hard_to_fit``, and every
+mistake in the config is one line naming the file, line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dataguard.config import ConfigError, load_config
+from dataguard.io.readers import InputSpec
+from dataguard.noise.dynamics import aggregate, mixture_cut, robust_cut
+from dataguard.pipeline import Pipeline
+from dataguard.stages.noise import NoiseStage
+from dataguard.train.config import load_train_config
+from dataguard.train.data import RunShards
+from dataguard.train.dynamics_file import read_dynamics
+from dataguard.train.loop import Trainer
+
+REPO = Path(__file__).resolve().parent.parent
+BANKING = REPO / "tests/data/banking77/train.csv"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[pa.Table, str]:
+    tmp = tmp_path_factory.mktemp("noise_dyn")
+    lines = BANKING.read_text(encoding="utf-8").splitlines()
+    (tmp / "bank.csv").write_text("\n".join([lines[0], *lines[1::50][:200]]) + "\n", encoding="utf-8")
+    data = tmp / "shards"
+    Pipeline([], workers=1).run([InputSpec(path=str(tmp / "bank.csv"), format="labelled_text",
+                                           aliases={"category": "label"})], data)
+    run = tmp / "run"
+    Trainer(load_train_config({"task": "classify", "model": "tiny-classifier", "data": str(data), "output": str(run),
+                               "epochs": 3, "batch_size": 16, "lr": 3e-3, "save_every": 1000, "eval_every": 1000,
+                               "tensorboard": False, "logit_adjustment": False, "threads": 1}), progress=False).fit()
+    return RunShards.open(data, task="classify").table, str(run)
+
+
+def _flags(table: pa.Table, **params) -> tuple[NoiseStage, pa.Table]:
+    stage = NoiseStage(inputs="dynamics", **params)
+    stage.fit([stage.summarize(table)])
+    return stage, stage.apply(table).kept
+
+
+def test_flags_are_the_scores_below_the_learned_cut(trained):
+    table, run = trained
+    rows = aggregate(read_dynamics(run)[0])
+    stage, out = _flags(table, dynamics=run)
+    aum = dict(zip(rows.ids, rows.aum, strict=True))
+    cut = mixture_cut(np.array([aum[i] for i in table.column("id").to_pylist() if i in aum]))
+    assert stage.dynamics_log["cut_value"] == pytest.approx(cut, abs=1e-4)
+    seen_ids = set(rows.ids)
+    for rid, q, flag in zip(out.column("id").to_pylist(), out.column("label_quality").to_pylist(),
+                            out.column("is_label_issue").to_pylist(), strict=True):
+        if rid not in seen_ids:  # a held-out row: never trained on, never judged
+            assert q is None and flag is None
+            continue
+        assert q == pytest.approx(aum[rid], abs=1e-5)
+        if flag:
+            assert q < cut
+    assert stage.dynamics_log["rows_unseen"] == table.num_rows - len(seen_ids) > 0
+    _, conf = _flags(table, dynamics=run, dynamics_score="cartography", dynamics_cut=0.5)
+    quality = np.array([np.nan if q is None else q for q in conf.column("label_quality").to_pylist()])
+    flags = np.array([bool(f) for f in conf.column("is_label_issue").to_pylist()])
+    assert np.nanmax(quality) <= 1.0 and (quality[flags] < 0.5).all()
+
+
+def test_budget_and_rare_classes_still_hold(trained):
+    table, run = trained
+    _, out = _flags(table, dynamics=run, dynamics_cut=100.0, max_flagged=15, min_rows_per_class=0)
+    flags = np.array([bool(f) for f in out.column("is_label_issue").to_pylist()])
+    assert flags.sum() == 15
+    q = np.array([np.inf if v is None else v for v in out.column("label_quality").to_pylist()])
+    assert q[flags].max() <= q[~flags].min()  # the 15 worst by AUM
+    _, out = _flags(table, dynamics=run, dynamics_cut=100.0, min_rows_per_class=2)
+    labels = out.column("label").to_pylist()
+    for c in set(labels):
+        rows = [i for i, lab in enumerate(labels) if lab == c]
+        unflagged = sum(1 for i in rows if not out.column("is_label_issue")[i].as_py())
+        assert unflagged >= min(2, len(rows))
+    stage = NoiseStage(inputs="dynamics", dynamics=run, dynamics_cut=100.0, action="drop", min_rows_per_class=2)
+    stage.fit([stage.summarize(table)])
+    result = stage.apply(table)
+    assert result.kept.num_rows + result.rejected.num_rows == table.num_rows
+    assert set(result.rejected.column("reason").to_pylist()) == {"label_issue"}
+    assert "training dynamics: AUM < 100.0" in result.rejected.column("detail")[0].as_py()
+
+
+def test_sft_rows_whose_loss_stays_an_outlier_are_hard_to_fit(tmp_path):
+    data = tmp_path / "sft"
+    Pipeline([], workers=1).run([InputSpec(path=str(REPO / "sample_data/alpaca_en_demo.json"))], data)
+    run = tmp_path / "run"
+    Trainer(load_train_config({"task": "sft", "model": "tiny-causal-lm", "data": str(data), "output": str(run),
+                               "max_steps": 30, "batch_size": 4, "lr": 3e-3, "max_length": 96, "eval_every": 15,
+                               "dynamics_pass": "eval", "save_every": 1000, "tensorboard": False,
+                               "threads": 1}), progress=False).fit()
+    table = RunShards.open(data, task="sft").table
+    stage = NoiseStage(inputs="dynamics", dynamics=str(run), action="drop")
+    assert set(stage.output_columns()) == {"dynamics_loss", "hard_to_fit"}
+    stage.fit([stage.summarize(table)])
+    result = stage.apply(table)
+    rows = aggregate(read_dynamics(run)[0])
+    cut = robust_cut(rows.late_loss)
+    late = dict(zip(rows.ids, rows.late_loss, strict=True))
+    expected = {i for i in table.column("id").to_pylist() if late.get(i, -np.inf) > cut}
+    assert set(result.rejected.column("id").to_pylist()) == expected
+    assert set(result.rejected.column("reason").to_pylist()) <= {"hard_to_fit"}
+    assert result.kept.num_rows + result.rejected.num_rows == table.num_rows
+
+
+def test_config_mistakes_are_one_line(trained, tmp_path):
+    _, run = trained
+    base = f"inputs:\n  - path: {BANKING}\n    format: labelled_text\n    aliases: {{category: label}}\nstages:\n"
+    cases = {
+        "  - noise: {inputs: dynamics}\n": r"p\.yaml:6: stages\[0\]\.noise\.inputs: dynamics needs `dynamics: <training run folder>`",
+        f"  - noise: {{inputs: dynamics, dynamics: {tmp_path}/none}}\n": r"stages\[0\]\.noise\.dynamics: .*no such",
+        f"  - noise: {{dynamics: {run}}}\n": r"noise\.dynamics: applies only with inputs: dynamics",
+        f"  - noise: {{inputs: dynamics, dynamics: {run}, dynamics_score: margin}}\n": r"noise\.dynamics_score",
+        f"  - noise: {{inputs: dynamics, dynamics: {run}, rounds: 2}}\n": r"noise\.rounds: rounds > 1",
+        f"  - noise: {{inputs: dynamics, dynamics: {tmp_path}}}\n": r"no dynamics\.arrow in this run folder",
+    }
+    for stages, message in cases.items():
+        (tmp_path / "p.yaml").write_text(base + stages)
+        with pytest.raises(ConfigError, match=message) as err:
+            load_config(tmp_path / "p.yaml")
+        assert "\n" not in str(err.value)
