@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="rebuild the HTML audit report from an output folder")
     report.add_argument("output", help="output folder of a run")
     report.add_argument("--html", help="where to write the report (default OUTPUT/audit.html)")
+    report.add_argument("--training", action="append", default=None, metavar="RUN",
+                        help="add the rows this training run's guard named (events.jsonl), shown with their "
+                             "stage scores at the anchors the training page links to (repeatable)")
 
     train = sub.add_parser("train", help="fine-tune a model on a run's shards (the bundled training runner)",
                            description="Train with a `train:` section of a pipeline YAML, or a YAML of train "
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed as one line
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    command = {"run": _run, "inspect": inspect_command, "report": report_command, "train": train_command,
+    command = {"run": _run, "inspect": inspect_command, "report": _report, "train": train_command,
                "convert": convert_command, "train-report": train_report_command, "loop": _loop}[args.command]
     try:
         code = command(args)
@@ -215,6 +218,25 @@ def _report_path(args: argparse.Namespace, configured: Path | bool | None, confi
               f"config's {configured} (pass --report to choose)", file=sys.stderr)
         return None
     return configured
+
+
+def _report(args: argparse.Namespace) -> int:
+    """`dataguard report`; with --training, the audit also shows the rows those runs named."""
+    if not args.training:
+        return report_command(args)
+    for run in args.training:
+        if not (Path(run) / "events.jsonl").is_file():
+            raise CliError(f"--training {run}: no events.jsonl (not a dataguard training run folder)")
+    if not (Path(args.output) / "manifest.json").is_file():
+        raise CliError(f"{args.output} has no manifest.json (not a finished run)")
+    from dataguard.report.build import build_report as build_audit
+
+    try:
+        html = build_audit(Path(args.output), Path(args.html) if args.html else None, training_runs=args.training)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CliError(f"could not build the report from {args.output}: {exc}", EXIT_FAILED) from None
+    print(f"report: {html}")
+    return 0
 
 
 def _loop(args: argparse.Namespace) -> int:

@@ -139,6 +139,11 @@ def test_a_garbage_batch_is_named_on_the_page_and_excluded_next_run(tmp_path):
     assert 'id="named-rows"' in page
     for r in rows:
         assert f'#{row_anchor(r)}"' in page and "n_tokens" in page
+    done = _cli("report", str(tmp_path / "data"), "--training", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    audit = (tmp_path / "data/audit.html").read_text()
+    assert 'id="training-rows"' in audit and all(f'id="{row_anchor(r)}"' in audit for r in rows)
+    assert "audit.html#" + row_anchor(rows[0]) in page  # the training page's link lands on that anchor
     table, meta = read_dynamics(tmp_path / "run")
     assert meta["task"] == "sft" and table.column("gold_prob").null_count == table.num_rows
 

@@ -179,8 +179,8 @@ def test_legacy_run_folder_degrades_with_notes(real_run, tmp_path):
 def test_rich_run_report_has_every_section_and_marker(rich_run):
     html = build_training_report(rich_run).read_text(encoding="utf-8")
     ids = _section_ids(html)
-    assert ids == ["overview", "diagnosis", "curves", "events", "layer-norms", "update-ratios", "histograms",
-                   "checkpoints", "final", "data-audit", "config"]
+    assert ids == ["overview", "diagnosis", "curves", "events", "named-rows", "layer-norms", "update-ratios",
+                   "histograms", "checkpoints", "final", "data-audit", "config"]  # named-rows: issue #27
     assert 'data-status="stopped"' in html
     marks = re.findall(r'<g class="ev ([a-z -]+)">', html)
     for kind in ("rollback", "anomaly", "skip", "fault", "recovered"):
@@ -258,7 +258,7 @@ def test_training_report_in_chromium(real_run, rich_run, tmp_path):
 
         load = b.load(rich)
         assert load.errors == [] and load.requests == [load.url]
-        assert b.evaluate("[...document.querySelectorAll('section.card')].length") == 11
+        assert b.evaluate("[...document.querySelectorAll('section.card')].length") == 12  # + rows and dynamics
         assert b.evaluate("document.querySelectorAll('svg g.ev-rollback').length") >= 4
         assert b.evaluate("document.querySelectorAll('#events-table tr.event').length") == 6
         assert b.evaluate("[typeof window.__pwned, document.scripts.length, "

@@ -34,12 +34,14 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def build_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | None = None,
-                 json_path: str | os.PathLike | None = None, samples_per_reason: int = SAMPLES_PER_REASON) -> Path:
+                 json_path: str | os.PathLike | None = None, samples_per_reason: int = SAMPLES_PER_REASON,
+                 training_runs: list[str] | None = None) -> Path:
     """Write the self-contained HTML audit of ``output_dir`` and its statistics JSON.
 
     ``html_path`` defaults to ``output_dir/audit.html``; ``json_path`` to the HTML path with
     a ``.json`` suffix. Returns the HTML path. Raises ``ReportInputError`` when
-    ``output_dir`` has no manifest.json.
+    ``output_dir`` has no manifest.json. ``training_runs``: training run folders whose
+    guard-named rows get a section of their own (`dataguard.report.training_rows`).
     """
     out_dir = Path(output_dir)
     html_file = Path(html_path) if html_path is not None else out_dir / DEFAULT_HTML
@@ -47,6 +49,10 @@ def build_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
     from dataguard.io.output import register_extra_output
 
     model = collect(out_dir, per_reason=samples_per_reason)
+    if training_runs:
+        from dataguard.report.training_rows import collect_named
+
+        model["training_rows"] = collect_named(out_dir, [str(r) for r in training_runs])
     register_extra_output(out_dir, json_file)
     register_extra_output(out_dir, html_file)
     page = render_html(model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataguard.report import svg
+from dataguard.report import svg, training_rows
 from dataguard.report.assets import CSS, JS, content_security_policy
 from dataguard.report.blocks import render_block, summary_grid, table_html
 from dataguard.report.fmt import (
@@ -334,6 +334,9 @@ def render_html(m: dict[str, Any]) -> str:
     n_reasons = len(m.get("reasons") or [])
     page.section("Reject reasons", _reasons(m, page.ids), "rejects", tag=f"{n_reasons} reason(s)",
                  toc_extra=esc(num(c.get("rows_rejected"))) if c.get("rows_rejected") is not None else "")
+    if m.get("training_rows"):  # rows a training run's guard named, at the training page's anchors
+        page.section("Rows named by training", training_rows.section(m["training_rows"], page.ids),
+                     "training-rows", tag=f"{len(m['training_rows'])} row(s)")
     anchors = {(r["stage"], r["reason"]): r.get("_anchor") for r in m.get("reasons") or []}
     for k, s in enumerate(m.get("stages") or []):
         rej = s.get("rows_rejected")

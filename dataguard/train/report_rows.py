@@ -3,8 +3,8 @@
 Rows come from the anomaly / skip / rollback / stop events of ``events.jsonl`` (their
 ``rows``), each with the stage scores the event recorded (``row_scores``, from the shards)
 and a link to the same row's anchor on the data audit page (`dataguard.report.fmt.row_anchor`).
-A kept row shows on the audit once ``dataguard run CONFIG --exclude RUN`` has rejected it as
-``training_anomaly``; that is the command this section prints. The dynamics summary reads
+Kept rows show on the audit once it is rebuilt with ``dataguard report DATA --training RUN``
+(or, rejected as ``training_anomaly``, on the audit of ``dataguard run CONFIG --exclude RUN``). The dynamics summary reads
 ``dynamics.arrow`` (entries, passes, rows; for classify the share of rows with a negative AUM).
 """
 
@@ -95,9 +95,10 @@ def section(m: dict[str, Any], html_dir: Path) -> str:
     more = (f'<p class="muted small">First {MAX_ROWS} of {len(rows)} rows; all are in events.jsonl.</p>'
             if len(rows) > MAX_ROWS else "")
     parts.append(f'<p class="lead small">{len(rows)} rows were in the micro-batches of steps the guard called '
-                 "anomalous, with their stage scores from the shards. <code>dataguard run CONFIG --exclude "
-                 f'{esc(m["run_dir"])}</code> drops them (reason <code>training_anomaly</code>); the data audit of '
-                 "that run lists them, each at the anchor linked here.</p>")
+                 "anomalous, with their stage scores from the shards. <code>dataguard report DATA --training "
+                 f'{esc(m["run_dir"])}</code> adds them to the data audit, each at the anchor linked here; '
+                 f'<code>dataguard run CONFIG --exclude {esc(m["run_dir"])}</code> drops them (reason '
+                 "<code>training_anomaly</code>), and that run's audit lists them at the same anchors.</p>")
     parts.append('<div class="scroll"><table id="named-rows"><thead><tr><th>row (data audit)</th>'
                  '<th class="num">step</th><th>events</th><th>cause</th><th>stage scores</th></tr></thead>'
                  f'<tbody>{"".join(body)}</tbody></table></div>{more}')
