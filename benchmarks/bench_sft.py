@@ -446,6 +446,7 @@ def work(jobs: list[tuple[str, int]], settings: dict[str, Any], args: argparse.N
         t1 = time.perf_counter()
         record = {"arm": arm, "seed": seed, "settings": settings, **info, **evaluate(model, tok, data, args),
                   "eval_seconds": time.perf_counter() - t1, "seconds": time.perf_counter() - t0}
+        path.parent.mkdir(parents=True, exist_ok=True)  # write_atomic makes no folder
         write_atomic(path, json.dumps(record, indent=1) + "\n")
         print(f"  {arm} seed {seed}: eval loss {record['eval_loss']:.4f}, degeneration "
               f"{record['degeneration']['any']:.2f}, relevance {record['relevance']:.3f}, leakage gap "
