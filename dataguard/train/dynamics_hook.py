@@ -54,6 +54,13 @@ class DynamicsHook:
         mode = getattr(cfg, "dynamics_pass", "auto")
         if mode == "auto":
             mode = "eval" if run.total < per_epoch else "train"
+            if mode == "eval":  # say what it costs: one forward per training row per evaluation point
+                points = -(-run.total // cfg.eval_every)  # every eval_every steps and the last one
+                drawn = run.total * cfg.batch_size * cfg.grad_accum
+                note(f"dynamics: the run draws {drawn:,} rows, under one epoch of {len(enc):,}: an extra no-grad pass "
+                     f"over the training rows at each of its {points} evaluation point(s) (about "
+                     f"{points * len(enc) / max(3 * drawn, 1):.0%} more compute; dynamics_pass: train records "
+                     "only the rows drawn, at no cost)")
         labels = run.label_map.classes if run.label_map is not None else None
         recorder = DynamicsRecorder(run_dir, task=cfg.task, row_ids=enc.row_ids, labels=labels,
                                     source="eval_pass" if mode == "eval" else "train_forward",

@@ -164,7 +164,8 @@ class Trainer:
         lr_spike, vocab_size = run.lr_spike, run.vocab_size
         step, history, skipped, best = run.step, run.history, run.skipped, run.best
         metrics, events, hists = run.metrics, run.events, run.hists
-        dyn, scores = DynamicsHook.start(cfg, run, self.run_dir, resume, self.notes.append), row_scores(cfg)
+        dyn = DynamicsHook.start(cfg, run, self.run_dir, resume, self.echo if main else lambda _: None)
+        scores = row_scores(cfg)
 
         def forward(m: Any, batch: dict[str, torch.Tensor], denominator: float | None = None) -> ForwardOut:
             return self._loss(m, batch, offsets, class_weights, denominator, accelerator.autocast)
