@@ -155,6 +155,27 @@ def read_answer(folder: Path, unit: int) -> dict[str, tuple[int, str | None, flo
                                                 strict=True)}
 
 
+@dataclass(frozen=True)
+class Answers:
+    """Where a fitted-in-rounds clustering stage finds a unit's keep decisions: the fit
+    folder and the units that have a file (the others have no row in a cluster)."""
+
+    folder: Path
+    units: frozenset[int]
+
+    def for_unit(self, unit: int) -> dict[str, tuple[int, str | None, float]]:
+        return read_answer(self.folder, unit) if unit in self.units else {}
+
+
+def example_index(examples: Sequence[Sequence[Any]]) -> dict[str, int]:
+    """Row id -> number of the first (dropped id, kept id, score) example it appears in."""
+    out: dict[str, int] = {}
+    for e, (i, k, _) in enumerate(examples):
+        out.setdefault(i, e)
+        out.setdefault(k, e)
+    return out
+
+
 RunTasks = Callable[[Sequence[RoundTask], str], list[dict[str, Any]]]
 
 

@@ -11,6 +11,8 @@ different tool lists, so 35 are exact duplicates (as its SOURCE.md counts); an e
 list (``[]`` or ``""``) counts as none. The label is not hashed: the same text
 under two labels is a duplicate here (the label-noise stage deals with the conflict).
 
+In a pipeline run the fit is one round of hash-range tasks (`dedup_rounds`: the driver holds
+no hash), with the same result as the in-memory path below.
 ``summarize`` keeps, per batch, each distinct hash once with the id of its first row;
 ``fit`` merges them in input order, so the first occurrence in the whole input wins.
 ``apply`` adds ``is_duplicate`` and ``duplicate_of`` (id of the first occurrence, null for

@@ -6,7 +6,10 @@ characters, `dataguard.text.minhash`) and a ``num_perm`` MinHash signature; the 
 ids, signatures (4 bytes x num_perm per row), text lengths and, with ``verify``, the shingle
 sets (4 bytes per distinct shingle).
 
-``fit`` (the driver, once) bands the signatures (``bands x rows``, derived from ``threshold``
+In a pipeline run this material goes to the work folder and the fit below runs as two
+distributed rounds (`near_dedup_rounds`: bucket ranges, then clusters), with the same result;
+``summarize``/``fit`` as described are the in-memory path (and the reference).
+``fit`` bands the signatures (``bands x rows``, derived from ``threshold``
 unless given), pairs every row sharing a band bucket with the bucket's first row, and accepts
 a pair when its exact shingle-set Jaccard (``verify=True``, default: LSH false positives are
 dropped) or its MinHash estimate (``verify=False``: no shingle sets shipped) is >= threshold.
@@ -39,7 +42,6 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,7 +50,7 @@ import pyarrow.compute as pc
 
 from dataguard.params import FLAG, SEED, SOURCES, Interval, Options
 from dataguard.records import PROMPT_ROLES, ROLES, message_texts, set_column
-from dataguard.rounds.tasks import read_answer
+from dataguard.rounds.tasks import Answers, example_index
 from dataguard.stage import Outcome, Stage, StageConfigError, drop_or_keep
 from dataguard.stages.dedup import tools_key
 from dataguard.stages.near_dedup_buckets import bucket_entries, bucket_pairs, shared_buckets
@@ -154,8 +156,7 @@ class NearDedupStage(Stage):
         self._example_ids: dict[str, int] = {}
         self._fitted = False
         self._fit_stats: dict[str, Any] = {}
-        self._answers: Path | None = None  # fitted in rounds: the folder of the units' keep files
-        self._answered: frozenset[int] = frozenset()
+        self._answers: Answers | None = None  # fitted in rounds: where the units' keep decisions are
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"near_dup_cluster": pa.int64(), "near_dup_of": pa.string(), "near_dup_jaccard": pa.float32()}
@@ -240,17 +241,12 @@ class NearDedupStage(Stage):
     def fit_rounds(self, summaries: Sequence[NearDedupUnitSummary], ctx: RoundContext) -> None:
         self._fit_stats, answered = plan_and_run(summaries, ctx, Measure(self.threshold, self.verify, self.num_perm),
                                                  self.keep == "longest", self.partition_entries)
-        self._answers, self._answered, self._decision = ctx.folder, frozenset(answered), {}
-        self._example_ids = {}
-        for e, (i, k, _) in enumerate(self._fit_stats["examples"]):
-            self._example_ids.setdefault(i, e)
-            self._example_ids.setdefault(k, e)
+        self._answers, self._decision = Answers(ctx.folder, frozenset(answered)), {}
+        self._example_ids = example_index(self._fit_stats["examples"])
         self._fitted = True
 
     def apply_unit(self, batch: pa.Table, unit: int) -> Outcome:
-        if self._answers is None:
-            return self.apply(batch)
-        return self._apply(batch, read_answer(self._answers, unit) if unit in self._answered else {})
+        return self.apply(batch) if self._answers is None else self._apply(batch, self._answers.for_unit(unit))
 
     def apply(self, batch: pa.Table) -> Outcome:
         return self._apply(batch, self._decision)

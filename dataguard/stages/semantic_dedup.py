@@ -9,7 +9,8 @@ backend and length;
 shared `Embedder` (all-MiniLM-L6-v2 by default, unit vectors, float32; ``backend`` and
 ``max_seq_length`` as in `dataguard.embed`, default ``onnx-int8``).
 
-``fit`` (the driver) finds pairs with cosine >= ``threshold`` among each row's ``top_k``
+``fit`` (in a pipeline run: distributed rounds over the embeddings on disk,
+`semantic_dedup_rounds`, same result) finds pairs with cosine >= ``threshold`` among each row's ``top_k``
 nearest rows: exactly, in blocks of matrix products, when there are at most
 ``exact_max_rows`` rows; above that SemDeDup-style, k-means partitions (``partitions``,
 default one per ``PARTITION_ROWS`` rows; seeded, deterministic) then the exact search
@@ -67,7 +68,7 @@ import pyarrow.compute as pc
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
 from dataguard.params import EMBEDDER, FLAG, SEED, SOURCES, Interval, Options
 from dataguard.records import PROMPT_ROLES, ROLES, message_texts
-from dataguard.rounds.tasks import read_answer
+from dataguard.rounds.tasks import Answers, example_index
 from dataguard.stage import Outcome, Stage, drop_or_keep
 from dataguard.stages.near_dedup import (
     KEEPS,
@@ -152,8 +153,7 @@ class SemanticDedupStage(Stage):
         self._example_ids: dict[str, int] = {}
         self._fitted = False
         self._fit_stats: dict[str, Any] = {}
-        self._answers: Path | None = None  # fitted in rounds: the folder of the units' keep files
-        self._answered: frozenset[int] = frozenset()
+        self._answers: Answers | None = None  # fitted in rounds: where the units' keep decisions are
 
     def output_columns(self) -> dict[str, pa.DataType]:
         return {"semantic_dup_cluster": pa.int64(), "semantic_dup_of": pa.string(),
@@ -239,17 +239,12 @@ class SemanticDedupStage(Stage):
             summaries, ctx, threshold=self.threshold, top_k=self.top_k, exact_max_rows=self.exact_max_rows,
             partitions=self.partitions, partition_rows=PARTITION_ROWS, seed=self.seed,
             keep_longest=self.keep == "longest", rows_per_task=self.rows_per_task)
-        self._answers, self._answered, self._decision = ctx.folder, frozenset(answered), {}
-        self._example_ids = {}
-        for e, (i, k, _) in enumerate(self._fit_stats["examples"]):
-            self._example_ids.setdefault(i, e)
-            self._example_ids.setdefault(k, e)
+        self._answers, self._decision = Answers(ctx.folder, frozenset(answered)), {}
+        self._example_ids = example_index(self._fit_stats["examples"])
         self._fitted = True
 
     def apply_unit(self, batch: pa.Table, unit: int) -> Outcome:
-        if self._answers is None:
-            return self.apply(batch)
-        return self._apply(batch, read_answer(self._answers, unit) if unit in self._answered else {})
+        return self.apply(batch) if self._answers is None else self._apply(batch, self._answers.for_unit(unit))
 
     def apply(self, batch: pa.Table) -> Outcome:
         return self._apply(batch, self._decision)
