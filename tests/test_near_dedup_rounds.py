@@ -168,3 +168,48 @@ def test_markers_check_their_files(tmp_path: Path) -> None:
     assert round_tasks.load_done(task) is None
     task.marker.write_text("{")
     assert round_tasks.load_done(task) is None
+
+
+KILLED_RUN = """
+import sys
+from dataguard.io.readers import InputSpec
+from dataguard.pipeline import Pipeline
+from dataguard.stages.dedup import DedupStage
+from dataguard.stages.near_dedup import NearDedupStage
+
+if __name__ == "__main__":
+    near = NearDedupStage(validation_sources=["val"], threshold=0.5)
+    near.partition_entries = 150
+    inputs = [InputSpec(path=p, name=n) for p, n in zip(sys.argv[2::2], sys.argv[3::2])]
+    Pipeline([DedupStage(action="drop"), near], workers=2, batch_rows=97).run(inputs, sys.argv[1])
+"""
+
+
+def test_a_run_killed_during_round_one_resumes(inputs: list[InputSpec], reference: dict[str, dict[str, bytes]],
+                                               tmp_path: Path) -> None:
+    """SIGKILL to the driver (its pool workers die with it) while round 1 runs on 2 workers;
+    the next run keeps the finished tasks' markers and writes the fresh run's bytes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    script = tmp_path / "run.py"
+    script.write_text(KILLED_RUN, encoding="utf-8")
+    args = [str(a) for spec in inputs for a in (spec.path, spec.name)]
+    proc = subprocess.Popen([sys.executable, str(script), str(out), *args], start_new_session=True)
+    fit = out / "_work/fit02"
+    deadline = time.time() + 120
+    while len(list(fit.glob("r1-*.done.json"))) < 20 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {p.name: p.stat().st_mtime_ns for p in fit.glob("r1-*.done.json")}
+    assert len(finished) >= 20 and not (fit / "r2-00000.done.json").exists()
+    near = NearDedupStage(validation_sources=["val"], threshold=0.5)
+    near.partition_entries = 150
+    Pipeline([DedupStage(action="drop"), near], workers=1, batch_rows=97, keep_work=True).run(inputs, out)
+    assert output_bytes(out) == reference["first"]
+    assert all((fit / name).stat().st_mtime_ns == stamp for name, stamp in finished.items())
+    assert len(list(fit.glob("r1-*.done.json"))) > len(finished)
