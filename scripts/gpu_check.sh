@@ -8,7 +8,10 @@
 # (the defaults: layer-wise lr, clipping rules, global clip, non-finite guard) and "stable+gvs"
 # (plus gradient-variance lr scaling). Prints the median step time and the overhead of the
 # stability features (goal: <= 5%). Without CUDA it runs the same matrix briefly on CPU in
-# fp32 and bf16, so CI exercises the script. Exits non-zero if any run fails or is non-finite.
+# fp32 and bf16, so CI exercises the script. Then scripts/gpu_check_model.py: SmolLM2-135M on
+# CUDA (LoRA and full in bf16/fp16, gradient checkpointing, packing, resume mid-run, the
+# guard's poisoned-state scenario, guard on vs off over 50+ steps, DDP on 2 GPUs), the tiny
+# causal LM on CPU. Exits non-zero if any run fails or is non-finite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -80,3 +83,5 @@ if failed:
     sys.exit(1)
 print("\nall runs finished with finite losses")
 PY
+mkdir -p "$WORK/model"
+python scripts/gpu_check_model.py "$WORK/model" "$STEPS"

@@ -32,6 +32,18 @@ def test_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def alpaca_shards(tmp_path_factory) -> Path:
+    """``sample_data/alpaca_en_demo.json`` through an empty pipeline: real shards and a
+    manifest for SFT runner tests; built once per session, read-only for tests."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+
+    out = tmp_path_factory.mktemp("alpaca-shards") / "out"
+    Pipeline([], workers=1).run([InputSpec(path=str(REPO_ROOT / "sample_data/alpaca_en_demo.json"))], out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def banking77_splits(real_data: Path) -> dict[str, Any]:
     """banking77 train and test as canonical tables (label from ``category``), read once."""
     from dataguard.stages.drift import load_reference

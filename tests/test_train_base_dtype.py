@@ -11,7 +11,6 @@ import torch
 from safetensors import safe_open
 
 from dataguard.config_yaml import ConfigError
-from dataguard.pipeline import InputSpec, Pipeline
 from dataguard.train.base_dtype import base_dtype, convert_dtype
 from dataguard.train.checkpoint import latest_checkpoint
 from dataguard.train.config import load_train_config
@@ -23,10 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def sft_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sft") / "out"
-    Pipeline([], workers=1).run([InputSpec(path=str(REPO / "sample_data/alpaca_en_demo.json"))], out)
-    return out
+def sft_data(alpaca_shards) -> Path:
+    return alpaca_shards
 
 
 def _cfg(data: Path, out: Path, **kw):

@@ -78,6 +78,12 @@ def test_two_processes_train_like_one_and_only_rank_zero_writes(tmp_path):
                   if "loss" in x]
     two_losses = [x["loss"] for x in lines if "loss" in x]
     assert two_losses == pytest.approx(one_losses, rel=1e-4, abs=1e-5)
+    # evaluation is sharded across the processes and summed: the same figures as one process
+    one_evals = [x["eval_loss"] for x in map(json.loads, (tmp_path / "one" / "metrics.jsonl").read_text()
+                                                 .splitlines()) if "eval_loss" in x]
+    two_evals = [x["eval_loss"] for x in lines if "eval_loss" in x]
+    assert len(two_evals) == len(one_evals) == STEPS // 2
+    assert two_evals == pytest.approx(one_evals, rel=1e-4)
 
     w1, w2 = read_weights(latest_checkpoint(tmp_path / "one")), read_weights(latest_checkpoint(run))
     assert w1.keys() == w2.keys()
@@ -86,3 +92,15 @@ def test_two_processes_train_like_one_and_only_rank_zero_writes(tmp_path):
     # while the last two steps alone moved them by far more (the comparison means something)
     half = read_weights(complete_checkpoints(tmp_path / "one")[0])
     assert max(float((half[k].float() - w1[k].float()).abs().max()) for k in w1) > 100 * max(apart, 1e-6)
+
+
+def test_sharded_training_is_refused_in_one_line():
+    from dataguard.train.errors import TrainError
+    from dataguard.train.prepare import check_distributed_type
+
+    for kind in ("DistributedType.FSDP", "DistributedType.DEEPSPEED", "MEGATRON_LM"):
+        with pytest.raises(TrainError) as err:
+            check_distributed_type(kind)
+        assert "\n" not in str(err.value) and "not supported" in str(err.value)
+    for kind in ("DistributedType.NO", "DistributedType.MULTI_GPU", "DistributedType.MULTI_CPU"):
+        check_distributed_type(kind)  # DDP and a single process train

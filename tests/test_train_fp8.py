@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataguard.io.readers import InputSpec
-from dataguard.pipeline import Pipeline
 from dataguard.train.config import load_train_config
 from dataguard.train.loop import Trainer
 
@@ -19,10 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fp8-data") / "out"
-    Pipeline([], workers=1).run([InputSpec(path=str(REPO / "sample_data/alpaca_en_demo.json"))], out)
-    return out
+def data(alpaca_shards) -> Path:
+    return alpaca_shards
 
 
 def test_every_float8_gemm_gets_inner_dimensions_in_multiples_of_16(data, tmp_path, monkeypatch):
@@ -58,3 +54,4 @@ def test_every_float8_gemm_gets_inner_dimensions_in_multiples_of_16(data, tmp_pa
     assert any(w % 16 for w in widths), sorted(set(widths))
     token_dims = {a[1] for a, _ in calls} - {64, 128}  # the tiny model's hidden and MLP widths
     assert token_dims and all(d % 16 == 0 for d in token_dims), token_dims
+

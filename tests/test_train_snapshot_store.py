@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from dataguard.config_yaml import ConfigError
-from dataguard.io.readers import InputSpec
-from dataguard.pipeline import Pipeline
 from dataguard.train.checkpoint import latest_checkpoint, read_weights
 from dataguard.train.config import load_train_config
 from dataguard.train.guard import Guard
@@ -22,10 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("spill-data") / "out"
-    Pipeline([], workers=1).run([InputSpec(path=str(REPO / "sample_data/alpaca_en_demo.json"))], out)
-    return out
+def data(alpaca_shards) -> Path:
+    return alpaca_shards
 
 
 def _cfg(data: Path, out: Path, place: str):

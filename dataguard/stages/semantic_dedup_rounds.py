@@ -40,9 +40,9 @@ from dataguard.rounds.tasks import (
     write_arrow,
 )
 from dataguard.stats.clusters import connected_components, pick_kept
-from dataguard.stats.neighbours import exact_pairs
+from dataguard.stats.neighbours import exact_pairs, fit_centroids, nearest_centroid
 
-SAMPLE, ITERS, KMEANS_BLOCK = 100_000, 10, 8192  # as spherical_kmeans
+SAMPLE, ITERS = 100_000, 10  # as spherical_kmeans
 ROWS_PER_TASK = 100_000  # rows of partitions per pairs task
 MAX_EXAMPLES = 20
 ROW_BITS = np.uint64(32)
@@ -97,13 +97,6 @@ def valid_keys(unit: int, path: str) -> np.ndarray:
     return (np.uint64(unit) << ROW_BITS) | np.flatnonzero(column(table, "valid")).astype(np.uint64)
 
 
-def _nearest(x: np.ndarray, cent: np.ndarray) -> np.ndarray:
-    out = np.empty(x.shape[0], dtype=np.int64)
-    for lo in range(0, x.shape[0], KMEANS_BLOCK):
-        out[lo:lo + KMEANS_BLOCK] = np.argmax(x[lo:lo + KMEANS_BLOCK] @ cent.T, axis=1)
-    return out
-
-
 @dataclass(frozen=True)
 class CentroidsTask:
     """Spherical k-means on the seeded sample of valid ranks (the in-driver fit's sample)."""
@@ -122,14 +115,7 @@ class CentroidsTask:
             keys = np.concatenate([valid_keys(u, p) for u, p in self.units])[sample]
             xs = gather(self.units, keys)["x"]
             k = max(1, min(self.k, self.valid))
-            cent = xs[np.sort(rng.choice(len(xs), size=k, replace=False))].copy()
-            for _ in range(ITERS):
-                lab = _nearest(xs, cent)
-                sums = np.zeros_like(cent)
-                np.add.at(sums, lab, xs)
-                norms = np.linalg.norm(sums, axis=1, keepdims=True)
-                empty = norms[:, 0] == 0
-                cent = np.where(empty[:, None], cent, sums / np.where(norms == 0, 1, norms))
+            cent = fit_centroids(xs, k, rng, ITERS)
         written: list[Path] = []
         dim = cent.shape[1]
         write_arrow(self.out, pa.table({"centroid": pa.FixedSizeListArray.from_arrays(
@@ -150,7 +136,7 @@ class AssignTask:
         with one_math_thread():
             cent = _vectors(open_arrow(self.centroids), slice(None), "centroid")
             keys = valid_keys(*self.unit)
-            labels = _nearest(gather((self.unit,), keys)["x"], cent) if len(keys) else np.zeros(0, np.int64)
+            labels = nearest_centroid(gather((self.unit,), keys)["x"], cent) if len(keys) else np.zeros(0, np.int64)
         order = np.lexsort((keys, labels))
         written: list[Path] = []
         write_arrow(self.out, pa.table({"part": pa.array(labels[order], pa.int64()),

@@ -52,22 +52,28 @@ def spherical_kmeans(x: np.ndarray, k: int, seed: int, iters: int = 10, sample: 
     """Partition label of every row: k-means on the unit sphere (cosine), fitted on a seeded
     sample of at most ``sample`` rows, centroids initialised from seeded distinct rows."""
     n = x.shape[0]
-    k = max(1, min(k, n))
     rng = np.random.default_rng(seed)
     fit_rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
-    xs = x[fit_rows]
+    return nearest_centroid(x, fit_centroids(x[fit_rows], k, rng, iters))
+
+
+def fit_centroids(xs: np.ndarray, k: int, rng: np.random.Generator, iters: int = 10) -> np.ndarray:
+    """Spherical k-means centroids of the sample ``xs``, initialised from ``k`` distinct rows
+    drawn with ``rng`` (the draw after the sample's: the distributed fit makes the same two)."""
+    k = max(1, min(k, xs.shape[0]))
     cent = xs[np.sort(rng.choice(len(xs), size=k, replace=False))].copy()
     for _ in range(iters):
-        lab = _nearest(xs, cent)
+        lab = nearest_centroid(xs, cent)
         sums = np.zeros_like(cent)
         np.add.at(sums, lab, xs)
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         empty = norms[:, 0] == 0
         cent = np.where(empty[:, None], cent, sums / np.where(norms == 0, 1, norms))
-    return _nearest(x, cent)
+    return cent
 
 
-def _nearest(x: np.ndarray, cent: np.ndarray) -> np.ndarray:
+def nearest_centroid(x: np.ndarray, cent: np.ndarray) -> np.ndarray:
+    """The index of each row's nearest centroid by dot product, in blocks of 8,192 rows."""
     out = np.empty(x.shape[0], dtype=np.int64)
     for lo in range(0, x.shape[0], 8192):
         out[lo:lo + 8192] = np.argmax(x[lo:lo + 8192] @ cent.T, axis=1)

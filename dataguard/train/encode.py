@@ -27,9 +27,9 @@ from jinja2.exceptions import TemplateError
 from dataguard.records import PROMPT_ROLES
 from dataguard.train.errors import TrainDataError
 from dataguard.train.labels import LabelMap
+from dataguard.train.losses import IGNORE_INDEX
 from dataguard.train.shards import _ids, row_repeat, row_weights
 
-IGNORE_INDEX = -100
 TEMPLATE_REFUSED = "template_refused"
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Encoded:
 
     @property
     def task(self) -> str:
-        return "sft" if self.labels and isinstance(self.labels[0], list) else "classify"
+        return "classify" if self.class_ids is not None else "sft"
 
     def n_tokens(self, indices: Sequence[int] | None = None) -> int:
         idx = range(len(self)) if indices is None else indices
@@ -170,7 +170,7 @@ def _token_labels(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tu
 
 
 def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
-               packing: bool = False) -> Encoded:
+               packing: bool = False, allow_empty: bool = False) -> Encoded:
     """Rows' ``messages`` -> token ids with the tokenizer's own chat template; loss only on
     assistant tokens; the start is kept when a row is longer than ``max_length``. Rows left
     without an assistant token, or that the template refuses even with the system turns
@@ -212,7 +212,7 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
         log.info("chat template refused a system turn: folded into the first user turn in %d rows", folded)
     if dropped[TEMPLATE_REFUSED]:
         log.warning("chat template refused %d rows, left out (first: %s)", dropped[TEMPLATE_REFUSED], refusal)
-    if not keep:
+    if not keep and not allow_empty:  # (a chunk of a cached encoding may keep nothing)
         hint = f"; the chat template refused them ({refusal})" if refusal else ""
         raise TrainDataError(f"no SFT row left to train on (dropped: {dict(dropped)}){hint}")
     enc = Encoded(input_ids=out_ids, labels=out_labels, row_ids=[ids_all[i] for i in keep],
@@ -239,8 +239,9 @@ def pack(enc: Encoded, max_length: int | None) -> Encoded:
     if current:
         packs.append(current)
     return Encoded(
-        input_ids=[[t for i in p for t in enc.input_ids[i]] for p in packs],
-        labels=[[t for i in p for t in enc.labels[i]] for p in packs],  # type: ignore[misc]
+        # (rows are lists, or numpy views of a token cache: concatenated either way)
+        input_ids=[np.concatenate([np.asarray(enc.input_ids[i]) for i in p]).tolist() for p in packs],
+        labels=[np.concatenate([np.asarray(enc.labels[i]) for i in p]).tolist() for p in packs],  # type: ignore[misc]
         row_ids=["+".join(enc.row_ids[i] for i in p) for p in packs],
         weights=np.array([float(np.mean(enc.weights[p])) for p in packs], dtype=np.float64),
         repeat=np.ones(len(packs), dtype=np.int64), dropped=dict(enc.dropped), folded_system=enc.folded_system,
@@ -253,7 +254,7 @@ def classify_text(messages: list[dict[str, str]]) -> str:
 
 
 def encode_classify(table: pa.Table, tokenizer: Any, label_map: LabelMap, max_length: int | None,
-                    label_column: str = "label") -> Encoded:
+                    label_column: str = "label", *, allow_empty: bool = False) -> Encoded:
     """Rows -> token ids of their text and the class id of their label. Rows without a
     label, or with a label the map does not know, are dropped and counted."""
     if max_length is None:
@@ -272,9 +273,9 @@ def encode_classify(table: pa.Table, tokenizer: Any, label_map: LabelMap, max_le
         keep.append(i)
         texts.append(classify_text(_messages(row)))
         cls.append(label_map.id(str(label)))
-    if not keep:
+    if not keep and not allow_empty:
         raise TrainDataError(f"no labelled row left to train on (dropped: {dict(dropped)})")
-    enc = tokenizer(texts, truncation=True, max_length=max_length, padding=False)
+    enc = tokenizer(texts, truncation=True, max_length=max_length, padding=False) if texts else {"input_ids": []}
     class_ids = np.asarray(cls, dtype=np.int64)
     return Encoded(input_ids=[list(x) for x in enc["input_ids"]], labels=class_ids.tolist(),
                    row_ids=[ids_all[i] for i in keep], weights=weights[keep], class_ids=class_ids,

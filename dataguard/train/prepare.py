@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from dataguard.io.safe_files import write_atomic
@@ -26,10 +27,12 @@ from dataguard.train.data import (
     encode_classify,
     encode_sft,
     length_cap,
+    pack,
     tokenizer_mismatch,
 )
 from dataguard.train.errors import TrainError
 from dataguard.train.model import check_model, describe_groups, groups_record
+from dataguard.train.token_cache import cache_key, cached_encoding
 
 # Settings that decide the schedule, the data order or the parameters: a resume must keep them.
 RESUME_KEYS = ("task", "model", "data", "seed", "precision", "batch_size", "grad_accum", "max_steps", "epochs",
@@ -163,10 +166,15 @@ def _same_path(key: str, saved: Any, mine: Any) -> bool:
 
 
 def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: LabelMap | None,
-                 train_idx: np.ndarray, val_idx: np.ndarray,
-                 warn: Warn) -> tuple[Encoded, Encoded | None, int | None]:
-    """(training examples, validation examples or None, max_length) of the split."""
-    train_table, val_table = run.table.take(train_idx), run.table.take(val_idx)
+                 train_idx: np.ndarray, val_idx: np.ndarray, warn: Warn, *, cache_dir: Path | None = None,
+                 note: Callable[[str], None] | None = None,
+                 context: int | None = None) -> tuple[Encoded, Encoded | None, int | None]:
+    """(training examples, validation examples or None, max_length) of the split.
+
+    ``cache_dir`` (the run's ``token_cache``): encode once into memory-mapped Arrow and reuse
+    it on resume and in every process (`dataguard.train.token_cache`). ``context``: the
+    model's context length, the cut for SFT rows when neither ``max_length`` nor a length
+    stage gives one."""
     if cfg.task == "sft":
         cap, counted_by = length_cap(run.manifest)
         max_length = cfg.max_length or cap
@@ -174,14 +182,36 @@ def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: La
             mismatch = tokenizer_mismatch(counted_by, tokenizer)
             if mismatch:
                 warn(mismatch)
-        train = encode_sft(train_table, tokenizer, max_length, packing=cfg.packing)
-        val = encode_val(lambda: encode_sft(val_table, tokenizer, max_length), len(val_idx), warn)
-        return train, val, max_length
-    assert label_map is not None
-    train = encode_classify(train_table, tokenizer, label_map, cfg.max_length)
-    val = encode_val(lambda: encode_classify(val_table, tokenizer, label_map, cfg.max_length),
-                     len(val_idx), warn)
-    return train, val, cfg.max_length
+        if max_length is None and context:
+            max_length = int(context)
+            warn(f"max_length not set and no length stage ran: rows are cut at the model's context, "
+                 f"{max_length} tokens")
+
+        def encode(table: pa.Table) -> Encoded:
+            return encode_sft(table, tokenizer, max_length, allow_empty=cache_dir is not None)
+    else:
+        assert label_map is not None
+        max_length = cfg.max_length
+
+        def encode(table: pa.Table) -> Encoded:
+            return encode_classify(table, tokenizer, label_map, max_length, allow_empty=cache_dir is not None)
+
+    def split(name: str, idx: np.ndarray) -> Encoded:
+        if cache_dir is None:
+            return encode(run.table.take(idx))
+        key = cache_key(task=cfg.task, manifest=run.manifest, indices=idx, tokenizer=tokenizer,
+                        max_length=max_length, classes=label_map.classes if label_map is not None else None)
+        enc = cached_encoding(cache_dir / key, name, lambda: run.table.take(idx), encode, cfg.task, note)
+        if not len(enc):
+            what = "SFT" if cfg.task == "sft" else "labelled"
+            raise TrainDataError(f"no {what} row left to train on (dropped: {enc.dropped})")
+        return enc
+
+    train = split("train", train_idx)
+    if cfg.task == "sft" and cfg.packing:
+        train = pack(train, max_length)
+    val = encode_val(lambda: split("val", val_idx), len(val_idx), warn)
+    return train, val, max_length
 
 
 def encode_val(encode: Callable[[], Encoded], n_rows: int, warn: Warn) -> Encoded | None:
@@ -274,8 +304,24 @@ def make_accelerator(cfg: TrainConfig) -> Any:
         handlers = [GradScalerKwargs(init_scale=2.0 ** 16, growth_interval=2000)]
     elif cfg.precision == "fp8":
         handlers = [fp8_recipe(cfg, on_cpu)]
-    return Accelerator(mixed_precision=MIXED_PRECISION[cfg.precision],
-                       gradient_accumulation_steps=cfg.grad_accum, cpu=on_cpu, kwargs_handlers=handlers)
+    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[cfg.precision],
+                              gradient_accumulation_steps=cfg.grad_accum, cpu=on_cpu, kwargs_handlers=handlers)
+    check_distributed_type(str(accelerator.distributed_type))
+    return accelerator
+
+
+SHARDED = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
+
+
+def check_distributed_type(kind: str) -> None:
+    """Refuse sharded training (FSDP, DeepSpeed ZeRO, Megatron) in one line: a checkpoint here
+    holds each process's whole optimizer state and the guard snapshots whole tensors, neither
+    of which a shard has, so a resume or a rollback would silently lose state."""
+    name = kind.rsplit(".", 1)[-1].upper()
+    if name in SHARDED:
+        raise TrainError(f"{name} (sharded training) is not supported: checkpoints and guard snapshots hold whole "
+                         "tensors; launch DDP instead (accelerate launch --multi_gpu, or torchrun), with LoRA or "
+                         "lora.quantize: 4bit when the model does not fit one GPU")
 
 
 def release_accelerator_state(precision: str) -> None:

@@ -45,6 +45,7 @@ from dataguard.train.prepare import (
 )
 from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
 from dataguard.train.snapshot_store import SpillFolder
+from dataguard.train.token_cache import FOLDER as TOKEN_CACHE
 
 
 @dataclass
@@ -144,7 +145,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         enable_gradient_checkpointing(model)
 
     train_idx, val_idx, split_source = run_split(run, cfg.eval_fraction, cfg.seed)
-    enc, val, max_length = encode_split(cfg, run, tokenizer, label_map, train_idx, val_idx, warn)
+    enc, val, max_length = encode_split(
+        cfg, run, tokenizer, label_map, train_idx, val_idx, warn, cache_dir=run_dir / TOKEN_CACHE, note=echo,
+        context=getattr(getattr(model, "config", None), "max_position_embeddings", None))
     per_epoch = steps_per_epoch(int(np.sum(enc.repeat)), cfg.batch_size, cfg.grad_accum)
     total = cfg.max_steps or per_epoch * cfg.epochs
     # a schedule in epochs counts the epochs the run will actually make (max_steps wins)

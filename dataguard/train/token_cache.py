@@ -1,0 +1,210 @@
+"""Token ids encoded once into Arrow beside the run, memory-mapped by every start after.
+
+Why: encoding renders every conversation through the chat template and tokenizes it, ~580k
+tokens per CPU-second, and Python lists of ids cost 40+ bytes per token. A run that resumes,
+and every process of a multi-GPU run, paid both again. The cache is paid once and held as
+4 bytes per token id plus 1 byte of loss mask, in pages the kernel shares and reclaims
+(a memory map), not in the process's own heap.
+
+Layout: ``RUN/token_cache/<key>/<split>.arrow`` (an Arrow IPC file: ``input_ids``
+list<int32>; ``loss_mask`` list<uint8> for SFT, an id's label being the id where the mask is
+1 and -100 elsewhere; ``class_id`` int64 for classify; ``row_id``, ``weight``, ``repeat``)
+and ``<split>.json`` (what encoding dropped and why, rows, tokens), written last: a split
+without its JSON is incomplete and rebuilt. The key hashes everything the ids depend on: the
+shards' manifest (their sha256 sums), the rows of the split, the tokenizer (its full
+serialisation, special tokens and chat template), ``max_length``, the task and label map, and
+``ENCODER_VERSION`` (raised whenever `dataguard.train.encode` changes its output).
+
+Building streams ``CHUNK_ROWS`` rows at a time into the file, so encoding never holds the
+whole run's ids as lists. Concurrent processes take a lock per key: one builds, the others
+wait and map the result. Packing (``packing: true``) packs the mapped rows into lists.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dataguard.io.safe_files import LinkRefused, open_nofollow, write_atomic
+from dataguard.train.encode import IGNORE_INDEX, Encoded
+
+ENCODER_VERSION = 1
+CHUNK_ROWS = 2048
+FOLDER = "token_cache"
+
+
+class TokenRows(Sequence):
+    """Row ``i`` of a list<int> column as a read-only numpy view into the mapped file (no
+    copy); the file's record batches stay separate (joining them would copy them all)."""
+
+    def __init__(self, chunks: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.chunks = chunks  # (values, offsets) per record batch
+        self.starts = np.cumsum([0] + [len(off) - 1 for _, off in chunks])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _span(self, i: int) -> tuple[int, int, int]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        c = int(np.searchsorted(self.starts, i, side="right")) - 1
+        offsets = self.chunks[c][1]
+        local = i - int(self.starts[c])
+        return c, int(offsets[local]), int(offsets[local + 1])
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        c, a, b = self._span(int(i))
+        return self.chunks[c][0][a:b]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+
+class MaskedLabels(TokenRows):
+    """SFT labels rebuilt per row from the ids and the loss mask: id where 1, -100 where 0."""
+
+    def __init__(self, chunks: list[tuple[np.ndarray, np.ndarray]], masks: list[np.ndarray]) -> None:
+        super().__init__(chunks)
+        self.masks = masks
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        c, a, b = self._span(int(i))
+        return np.where(self.masks[c][a:b] != 0, self.chunks[c][0][a:b], IGNORE_INDEX).astype(np.int64)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 of what decides the ids: the tokenizer's full serialisation (fast) or vocabulary
+    (slow), its special tokens and its chat template."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode("utf-8"))
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode("utf-8"))
+    h.update(json.dumps([type(tokenizer).__name__, str(getattr(tokenizer, "chat_template", None)),
+                         tokenizer.all_special_tokens, getattr(tokenizer, "padding_side", None)]).encode("utf-8"))
+    return h.hexdigest()
+
+
+def cache_key(*, task: str, manifest: dict[str, Any], indices: np.ndarray, tokenizer: Any,
+              max_length: int | None, classes: Sequence[str] | None) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"version": ENCODER_VERSION, "task": task, "max_length": max_length,
+                         "classes": list(classes) if classes is not None else None,
+                         "shards": [(e.get("path"), e.get("sha256"), e.get("rows"))
+                                    for e in manifest["outputs"]["data"]]}, sort_keys=True).encode("utf-8"))
+    h.update(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+    h.update(tokenizer_fingerprint(tokenizer).encode("ascii"))
+    return h.hexdigest()[:24]
+
+
+def cached_encoding(folder: Path, split: str, make_table: Callable[[], pa.Table],
+                    encode: Callable[[pa.Table], Encoded], task: str,
+                    note: Callable[[str], None] | None = None) -> Encoded:
+    """The split's encoding from ``folder``, built first when missing from ``make_table()``
+    (called only then) with ``encode``, which must accept chunks that keep no row."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open_nofollow(folder / f".{split}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one process builds; the others wait, then map
+        try:
+            if not (folder / f"{split}.json").is_file():
+                _build(folder, split, make_table(), encode, task)
+                if note is not None:
+                    note(f"token cache: encoded {split} into {folder}")
+            elif note is not None:
+                note(f"token cache: reusing {folder / split}.arrow")
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    return load(folder, split)
+
+
+def _batches(source: Any) -> list[pa.RecordBatch]:
+    reader = pa.ipc.open_file(source)
+    return [b for b in (reader.get_batch(i) for i in range(reader.num_record_batches)) if b.num_rows]
+
+
+def _schema(task: str) -> pa.Schema:
+    fields = [pa.field("input_ids", pa.list_(pa.int32()))]
+    fields.append(pa.field("loss_mask", pa.list_(pa.uint8())) if task == "sft" else pa.field("class_id", pa.int64()))
+    return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("weight", pa.float64()),
+                               pa.field("repeat", pa.int64())])
+
+
+def _batch(enc: Encoded, task: str, schema: pa.Schema) -> pa.RecordBatch:
+    ids = pa.array(enc.input_ids, type=pa.list_(pa.int32()))
+    if task == "sft":
+        mask = pa.array([[0 if x == IGNORE_INDEX else 1 for x in lab] for lab in enc.labels], pa.list_(pa.uint8()))
+        second = mask
+    else:
+        second = pa.array(np.asarray(enc.class_ids, dtype=np.int64))
+    return pa.record_batch([ids, second, pa.array(enc.row_ids, pa.string()),
+                            pa.array(np.asarray(enc.weights, dtype=np.float64)),
+                            pa.array(np.asarray(enc.repeat, dtype=np.int64))], schema=schema)
+
+
+def _build(folder: Path, split: str, table: pa.Table, encode: Callable[[pa.Table], Encoded], task: str) -> None:
+    schema = _schema(task)
+    target = folder / f"{split}.arrow"
+    tmp = folder / f".{split}.arrow.{os.getpid()}.tmp"
+    dropped: dict[str, int] = {}
+    rows = tokens = folded = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as handle, pa.ipc.new_file(handle, schema) as writer:
+            for start in range(0, max(table.num_rows, 1), CHUNK_ROWS):
+                enc = encode(table.slice(start, CHUNK_ROWS))
+                for reason, n in enc.dropped.items():
+                    dropped[reason] = dropped.get(reason, 0) + int(n)
+                folded += enc.folded_system
+                if len(enc):
+                    writer.write_batch(_batch(enc, task, schema))
+                    rows += len(enc)
+                    tokens += enc.n_tokens()
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    write_atomic(folder / f"{split}.json", json.dumps({"rows": rows, "tokens": tokens, "dropped": dropped,
+                                                       "folded_system": folded, "task": task}, sort_keys=True) + "\n")
+
+
+def load(folder: Path, split: str) -> Encoded:
+    """The split's encoding, memory-mapped (an empty split gives an Encoded of no rows)."""
+    meta = json.loads((folder / f"{split}.json").read_text(encoding="utf-8"))
+    try:  # refuse a link planted in the cache
+        os.close(os.open(folder / f"{split}.arrow", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkRefused(folder / f"{split}.arrow") from None
+        raise
+    source = pa.memory_map(str(folder / f"{split}.arrow"), "r")
+    batches = _batches(source)
+    task = meta["task"]
+    chunks, masks = [], []
+    for batch in batches:
+        ids = batch.column("input_ids")
+        chunks.append((ids.values.to_numpy(zero_copy_only=True), ids.offsets.to_numpy()))
+        if task == "sft":
+            masks.append(batch.column("loss_mask").values.to_numpy(zero_copy_only=True))
+    input_ids = TokenRows(chunks)
+    table = pa.Table.from_batches(batches, schema=_schema(task))
+    if task == "sft":
+        labels: Any = MaskedLabels(chunks, masks)
+        class_ids = None
+    else:
+        class_ids = np.asarray(table.column("class_id").to_numpy(), dtype=np.int64)
+        labels = class_ids.tolist()
+    return Encoded(input_ids=input_ids, labels=labels,  # type: ignore[arg-type]
+                   row_ids=[str(x) for x in table.column("row_id").to_pylist()],
+                   weights=np.asarray(table.column("weight").to_numpy(), dtype=np.float64),
+                   class_ids=class_ids, repeat=np.asarray(table.column("repeat").to_numpy(), dtype=np.int64),
+                   dropped={k: int(v) for k, v in meta["dropped"].items()}, folded_system=int(meta["folded_system"]))
