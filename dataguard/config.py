@@ -25,9 +25,9 @@ from typing import Any
 from dataguard import formats
 from dataguard.config_stages import _blamed_param, build_normalizer, build_stages
 from dataguard.config_yaml import MAX_DEPTH, ConfigError, Located, _Located, load_yaml_document
+from dataguard.io.alias_syntax import parse_alias
 from dataguard.io.readers import READERS, InputError, InputSpec
 from dataguard.stage import Stage
-from dataguard.stages.normalize_aliases import parse_alias
 
 __all__ = ["MAX_DEPTH", "ConfigError", "LoadedConfig", "Located", "_Located", "_blamed_param", "input_problem",
            "load_config", "load_yaml_document", "replacement_specs"]

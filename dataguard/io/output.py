@@ -24,7 +24,7 @@ from typing import Any
 
 from dataguard import __version__
 from dataguard.io.safe_files import LinkRefused, find_link
-from dataguard.run.workdir import WORK, WORK_FILE
+from dataguard.io.work_names import WORK, WORK_FILE
 
 MARKER = ".dataguard"
 LOCK = ".dataguard.lock"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +62,6 @@ def _fsync_file(path: Path) -> None:
 def read_table(path: Path) -> pa.Table:
     with pa.memory_map(str(path), "r") as source:
         return pa.ipc.open_stream(source).read_all()
-
-
-def iter_tables(paths: Iterable[Path]) -> Iterator[pa.Table]:
-    for path in paths:
-        yield read_table(path)
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

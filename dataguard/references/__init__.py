@@ -28,7 +28,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,10 +203,6 @@ def _items(spec: ReferenceSpec) -> Iterator[tuple[str, str]]:
             text = field_text(record, field)
             if text.strip():
                 yield (f"{base}#{field}" if multi else base), text
-
-
-def load_all(specs: Iterable[ReferenceSpec]) -> list[ReferenceSet]:
-    return [s.load() for s in specs]
 
 
 def parse_specs(specs: Sequence[str | Mapping[str, Any]]) -> list[ReferenceSpec]:

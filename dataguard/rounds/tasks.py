@@ -1,6 +1,6 @@
 """Round tasks: their files, their completion markers, and running a round with resume.
 
-Names (under ``OUTPUT/_work``; `dataguard.run.workdir.WORK_FILE` knows them all)::
+Names (under ``OUTPUT/_work``; `dataguard.io.work_names.WORK_FILE` knows them all)::
 
     segNN/unit-NNNNNN.sSS.KIND.arrow   what step SS's summarize wrote for a unit (checked by its meta)
     fitSS/rR-NNNNN.KIND.arrow          what task NNNNN of round R of step SS wrote

@@ -22,7 +22,6 @@ resumed run byte-identical to a fresh one without trusting pickled models.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,23 +32,19 @@ import pyarrow as pa
 from dataguard import __version__
 from dataguard.io import state_codec
 from dataguard.io.readers import file_sha256
+from dataguard.io.work_names import WORK
 from dataguard.io.writer import atomic_write_bytes, read_table, write_table
 from dataguard.records import REJECTED_SCHEMA, json_dumps
 
 if TYPE_CHECKING:
     from dataguard.io.output import OutputFolder
 
-WORK = "_work"
 # What a unit's meta holds and how stages are numbered in it. Part of the fingerprint, so
 # work left by an engine that wrote metas differently is discarded instead of misread.
 WORK_FORMAT = 6  # 6: stages may fit in rounds (unit fit files, fitSS/ folders); 5: shared boundaries
 # Config keys that say where or how a run executes (or what trains on it later), not what
 # it produces: they never change the manifest or the resume fingerprint.
 RUNTIME_KEYS = ("workers", "executor", "ray_address", "report", "output", "train")
-# Every name dataguard writes inside _work/ (temp files included); cleaning removes only these.
-WORK_FILE = re.compile(r"^(fingerprint|seg\d{2}|fit\d{2}|unit-\d{6}(\.rejected)?\.arrow|unit-\d{6}\.meta\.json|"
-                       r"unit-\d{6}(\.s\d{2})?\.[a-z]+\.arrow|r\d-\d{5}\.([a-z]+\.arrow|done\.json)|"
-                       r"\..+\.tmp-\d+)$")
 
 
 def without_runtime_keys(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -77,8 +77,6 @@ class NormalizeConfig:
         """Intra-word punctuation is deleted (it only applies when punctuation is folded)."""
         return self.intraword and self.punctuation
 
-    def as_dict(self) -> dict[str, bool]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------
