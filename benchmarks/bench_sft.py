@@ -56,10 +56,13 @@ def has_loop(text: str, unit: int = 4, copies: int = 3, char_run: int = 20) -> b
     return False
 
 
-def degeneration(texts: list[str]) -> dict[str, float]:
-    """Shares of generations with a URL, a loop, or nothing; ``any`` is the headline."""
+def degeneration(texts: list[str], invited: list[bool] | None = None) -> dict[str, float]:
+    """Shares of generations with a URL, a loop, or nothing; ``any`` is the headline. A URL does
+    not count where ``invited`` says the prompt's reference answer has one (tool calls such as
+    GPTeacher's ``request('https://...')`` are right answers)."""
     n = max(len(texts), 1)
-    flags = [(has_url(t), has_loop(t), is_empty(t)) for t in texts]
+    invited = invited or [False] * len(texts)
+    flags = [(has_url(t) and not ok, has_loop(t), is_empty(t)) for t, ok in zip(texts, invited, strict=True)]
     return {"url": sum(f[0] for f in flags) / n, "loop": sum(f[1] for f in flags) / n,
             "empty": sum(f[2] for f in flags) / n, "any": sum(any(f) for f in flags) / n}
 
@@ -401,8 +404,9 @@ def evaluate(model: Any, tok: Any, data: dict[str, Any], args: argparse.Namespac
     unplanted = sft_loss(model, tok, [qa(g) for g in data["gsm_unplanted"]], 512)
     return {"eval_loss": sft_loss(model, tok, [r["messages"] for r in data["eval"]], args.max_length),
             "degeneration": degeneration(gens), "relevance": relevance(prompts, gens),
+            "degeneration_uninvited": degeneration(gens, [has_url(r["messages"][-1]["content"]) for r in data["prompts"]]),
             "gsm_planted_loss": planted, "gsm_unplanted_loss": unplanted, "leakage_gap": planted - unplanted,
-            "samples": gens[:5]}
+            "samples": gens[:5], "generations": gens}
 
 
 # ------------------------------------------------------------------ jobs, workers, table

@@ -54,6 +54,8 @@ def test_degeneration_shares(bench):
     shares = bench.degeneration(["fine answer", "", "  ", "visit http://a.b", "go " * 12])
     assert shares == {"url": 0.2, "loop": 0.2, "empty": 0.4, "any": 0.8}
     assert bench.degeneration([])["any"] == 0
+    invited = bench.degeneration(["see http://a.b", "see http://a.b"], invited=[True, False])
+    assert invited["url"] == 0.5 and invited["any"] == 0.5  # a URL the reference answer has is no defect
 
 
 def test_base_rows_are_real_clean_and_unique(bench, base):
