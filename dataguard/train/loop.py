@@ -1,6 +1,7 @@
 """The training loop: shards -> batches -> accelerate -> checkpoints, readable top to bottom.
 
-Under ``accelerate launch`` (DDP/FSDP) every process draws the same micro-batch from the
+Under ``accelerate launch`` or ``torchrun`` (DDP; sharded FSDP/DeepSpeed is refused in
+`prepare.check_distributed_type`) every process draws the same micro-batch from the
 seeded sampler and trains on its slice ``rows[rank::world]``, so ``batch_size`` is the global
 micro-batch and the data order does not depend on the number of processes.
 
@@ -32,8 +33,9 @@ evaluation pass over the training rows for runs shorter than an epoch), saved wi
 checkpoint so a resumed run writes the same file; anomaly events carry the named rows'
 stage scores from the shards (`dynamics_rows`).
 
-The pieces live in their own modules: `setup` (everything before the first step, RNG
+The pieces live in their own modules: `run_setup` (everything before the first step, RNG
 restored last), `prepare` (resume check, encoding, class tensors, accelerator, run.json),
+`forward` (one micro-batch: the loss and each row's scores),
 `evaluate`, `metrics_log` (metrics.jsonl / TensorBoard), `respond` (acting on the guard's
 verdict), `step` (the optimizer step, the metrics record, best-eval tracking) and `errors`;
 this module keeps the loop and the checkpoint save.
