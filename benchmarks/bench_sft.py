@@ -66,10 +66,10 @@ tuned. The adapter is merged (``dataguard.train.convert.load_run_model``) and sc
 
 Results
 -------
-Measured 2026-12-02 00:32-02:15 UTC on the shared 2-core CPU (load average 5-12 from other
-jobs; a training run took ~16 min and its scoring ~23 min), data from commit 90418eb (it
-differs from this script's data in 6 rows: 4 answers too short to truncate stayed whole and 2
-"near" copies got no edit; fixed since), with
+Measured 2026-12-02 00:30-02:06 UTC on the shared 2-core CPU (load average 5-12 from other
+jobs; a training run took ~16 min and its scoring ~23 min; the untrained model is scored
+too), data from commit 90418eb (it differs from this script's data in 6 rows: 4 answers too
+short to truncate stayed whole and 2 "near" copies got no edit; fixed since), with
 
     BENCH_SHARED_DATA=../shared/data python benchmarks/bench_sft.py --seeds 0
 
@@ -83,23 +83,29 @@ There is no standard deviation; nothing below is significant, and the goal ((b) 
 | (a) raw | 3178 | 1.8199 (1 seed) | 1.8199 | 0.11 (1 seed) | 0.11 | 0.606 (1 seed) | 0.606 | +0.085 (1 seed) | +0.085 |
 | (b) sft.yaml + overlap drop | 2584 | 1.8064 (1 seed) | 1.8064 | 0.11 (1 seed) | 0.11 | 0.577 (1 seed) | 0.577 | +0.088 (1 seed) | +0.088 |
 | (b) + hand-off (weights, repeat) | 1420 | 1.8429 (1 seed) | 1.8429 | 0.19 (1 seed) | 0.19 | 0.617 (1 seed) | 0.617 | +0.084 (1 seed) | +0.084 |
+| SmolLM2-135M-Instruct, not fine-tuned | - | 1.8816 (1 seed) | 1.8816 | 0.24 (1 seed) | 0.24 | 0.599 (1 seed) | 0.599 | +0.088 (1 seed) | +0.088 |
+
+Leakage gap of the model before fine-tuning (item difficulty alone): +0.088; compare each arm's gap with it.
 
 Reading (one seed; treat every difference as unproven):
 
+* Fine-tuning does move the model: the untrained SmolLM2 scores 1.882 / 0.24 / 0.599 / +0.088.
 * Clean eval loss: (b) 1.806 < (a) 1.820 (-0.014); (c) 1.843 is worse. The base data is
   48% GPTeacher toolformer rows and so is the held-out set; (c)'s balanced draw by source
   cuts those to a sixth of what is drawn, so it trains less on what the eval set holds.
-* Degeneration: (a) and (b) tie at 0.11; (c) 0.19. Not sensitive at this budget: 12 steps
-  draw 96 rows, ~6 of them URL or loop rows in (a), and the base model already loops on
-  GPTeacher prompts ("toolformer: enabled" repeated). 8 of the 100 held-out reference answers
-  are GPTeacher tool calls with a URL (``request('https://...')``), so a URL is sometimes the
-  right answer: the script now also reports ``degeneration_uninvited`` (not in this run).
-* Prompt relevance: (b) 0.577 < (a) 0.606; (c) 0.617. (b) does not remove the swapped pairs
-  (see below), so this metric cannot favour (b) yet; with one seed the gap is unexplained.
-* Leakage gap: +0.085 / +0.088 / +0.084: the same in every arm, i.e. the planted half is just
-  harder (see the untrained model's gap); no arm memorised anything because (a) draws ~1.5 of
-  the 50 planted GSM8K rows in 96 rows. The metric needs every planted item seen, i.e. at
-  least one epoch (~400 steps of 8 here, ~33x this budget): that fits a GPU, not this CPU.
+* Degeneration: (a) and (b) tie at 0.11 (untrained 0.24); (c) 0.19. Not sensitive at this
+  budget: 12 steps draw 96 rows, ~6 of them URL or loop rows in (a), and the base model
+  already loops on GPTeacher prompts ("toolformer: enabled" repeated). 8 of the 100 held-out
+  reference answers are GPTeacher tool calls with a URL (``request('https://...')``), so a
+  URL is sometimes the right answer: the script now also reports ``degeneration_uninvited``
+  (not in this run).
+* Prompt relevance: (b) 0.577 < (a) 0.606 (untrained 0.599); (c) 0.617. (b) does not remove
+  the swapped pairs (see below), so this metric cannot favour (b) yet; with one seed the gap
+  is unexplained.
+* Leakage gap: +0.085 / +0.088 / +0.084, and +0.088 untrained: the planted half is just
+  harder, in every arm; no arm memorised anything because (a) draws ~1.5 of the 50 planted
+  GSM8K rows in 96 rows. The metric needs every planted item seen, i.e. at least one epoch
+  (~400 steps of 8 here, ~33x this budget): that fits a GPU, not this CPU.
 
 What (b) caught (rows kept of planted; stage and reason of the drops, data seed 0):
 
@@ -107,12 +113,12 @@ What (b) caught (rows kept of planted; stage and reason of the drops, data seed 
 |---|---:|---:|---|
 | clean rows | 2,405 | 2,281 | quality 72 (url_ratio 32, gopher_top_ngram 29, ...), length too_long_untruncatable 30, dedup 22 (the original of a copied row that came after a copy) |
 | exact copies | 172 | 22 | dedup 150 (22 kept: a copy that came first stands for its group) |
-| near copies | 151 | 116 | dedup 35 (edits only in case/space); sft.yaml has no near-dedup stage |
+| near copies | 151 | 116 | dedup 35 (copies that drew the same edit as another copy); sft.yaml has no near-dedup stage |
 | URL-stuffed | 100 | 0 | quality too_many_urls 99, length 1 |
 | loops | 100 | 2 | quality 92 (char_repeat, word/char n-gram repetition, gopher), length 6 |
 | swapped answers | 100 | 100 | none: consistency FLAGS 66 of them (0.4% of clean rows) but sft.yaml's `action: flag` keeps them and the runner trains on flagged rows |
 | truncated answers | 50 | 49 | quality 1; length's `min_tokens: 4` counts the whole conversation (consistency flags 11) |
-| empty answers | 50 (normalize) | 0 | normalize empty_assistant, in every arm |
+| empty answers | 0 | 0 | normalize empty_assistant, in every arm |
 | over-long | 50 | 14 | length too_long_untruncatable 35 (a single exchange cannot lose older turns), quality 1 |
 | GSM8K test items | 50 | 0 | overlap contamination 46, quality 4 |
 
