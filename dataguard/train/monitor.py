@@ -27,6 +27,7 @@ BIG_GRAD = 1e5
 BIG_WEIGHT = 1e6
 HIST_EDGES = [float(e) for e in range(-12, 7)]  # log10 |grad| from 1e-12 to 1e6
 HIST_SAMPLE = 1 << 18  # entries per layer a histogram reads at most
+UPDATE_SAMPLE = 1 << 14  # entries per tensor an update ratio keeps from one monitor step to the next
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
 
@@ -131,22 +132,29 @@ class Monitor:
                 "n_big_grads": int(host[-2]), "n_big_weights": int(host[-1])}
 
     def begin_update(self) -> None:
-        """Copy the weights to measure the next update, into buffers kept between monitor steps
-        (allocating a full copy every time cost as much as the copy itself on a CPU)."""
-        if self._buffers is None or len(self._buffers) != len(self.params):
-            self._buffers = [torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params]
-        torch._foreach_copy_(self._buffers, [p.detach() for p in self.params])
+        """Keep a fixed sample of each tensor's weights (`update_sample`) to measure the next
+        update, in buffers kept between monitor steps. A full copy of a full fine-tune's
+        weights (540 MB for SmolLM2-135M) was the largest thing the monitor held."""
+        views = [update_sample(p.detach()) for p in self.params]
+        if self._buffers is None or [b.shape for b in self._buffers] != [v.shape for v in views]:
+            self._buffers = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in views]
+        torch._foreach_copy_(self._buffers, views)
         self._before = self._buffers
 
     def update_ratios(self) -> dict[str, float | None]:
-        """||delta W|| / ||W|| per layer since `begin_update` (empty without one)."""
+        """||delta W|| / ||W|| per layer since `begin_update` (empty without one), each
+        tensor's squared norms estimated from its sample and scaled to its size."""
         if self._before is None:
             return {}
-        now = [p.detach() for p in self.params]
+        now = [update_sample(p.detach()) for p in self.params]
         torch._foreach_sub_(self._before, now)  # in place: the buffers hold the update now (sign aside)
         delta, self._before = self._before, None
-        d = self._per_layer(torch.stack(torch._foreach_norm(delta)).double(), self.index)
-        w = self._per_layer(torch.stack(torch._foreach_norm(now)).double(), self.index)
+        scale = torch.tensor([p.numel() / max(v.numel(), 1) for p, v in zip(self.params, now, strict=True)],
+                             dtype=torch.float64)
+        d_sq = torch.stack(torch._foreach_norm(delta)).double().cpu() ** 2 * scale
+        w_sq = torch.stack(torch._foreach_norm(now)).double().cpu() ** 2 * scale
+        d = self._per_layer(d_sq, self.index, squared=False)
+        w = self._per_layer(w_sq, self.index, squared=False)
         ratio = (d.sqrt() / w.sqrt()).tolist()
         return {n: _finite(r) for n, r in zip(self.names, ratio, strict=True)}
 
@@ -178,6 +186,20 @@ class Monitor:
             out[name] = {"edges": list(HIST_EDGES), "counts": [round(c * scale) for c in counts.tolist()],
                          "sampled_every": stride}
         return out
+
+
+def update_sample(t: torch.Tensor, size: int = UPDATE_SAMPLE) -> torch.Tensor:
+    """A fixed, evenly spread view of at most about ``size`` entries of ``t`` (all of a small
+    tensor): every ``stride``-th entry, the stride made coprime with the last dimension so
+    that the sample walks across columns instead of repeating the same ones."""
+    flat = t.reshape(-1)
+    if flat.numel() <= size:
+        return flat
+    stride = -(-flat.numel() // size)
+    last = t.shape[-1] if t.dim() else 1
+    while math.gcd(stride, last) != 1:
+        stride += 1
+    return flat[::stride]
 
 
 def _count_above(tensors: list[torch.Tensor], bound: float) -> torch.Tensor:
