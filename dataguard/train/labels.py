@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from dataguard.io.safe_files import write_atomic
 from dataguard.train.errors import TrainDataError
 
 
@@ -59,10 +60,9 @@ class LabelMap:
         return cls([str(c) for c in data["classes"]])
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        # a temp file opened O_EXCL | O_NOFOLLOW, then renamed: a link planted at a predictable
+        # temp name in a run folder is never followed
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> LabelMap:
