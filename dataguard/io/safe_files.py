@@ -16,9 +16,11 @@ Following it would overwrite or truncate a file dataguard never wrote. So:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,10 +80,21 @@ def open_nofollow(path: str | os.PathLike, mode: str = "a") -> IO[Any]:
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     """Write ``path`` through a fresh temporary file and a rename; refuse a link at ``path``."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_writer(path) as fh:
+        fh.write(raw)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike, *, durable: bool = True) -> Iterator[IO[bytes]]:
+    """A binary handle on a fresh temporary file beside ``path`` (``O_EXCL | O_NOFOLLOW``),
+    fsynced and renamed onto ``path`` when the block ends, removed if it raises: for files
+    streamed in pieces (Arrow writers, ``torch.save``) that `write_atomic` would need whole.
+    A link at ``path`` is refused. ``durable=False`` skips the fsync, for scratch files a
+    crash makes worthless anyway."""
     path = Path(path)
     if path.is_symlink():
         raise LinkRefused(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
@@ -92,9 +105,10 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
+            yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -22,12 +22,13 @@ one of ours.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from dataguard.io.safe_files import atomic_writer
 
 SPILL_BYTES = 256 * 2 ** 20
 SNAPSHOT_IN = ("auto", "memory", "disk")
@@ -83,15 +84,8 @@ class SpillFolder:
         """Write ``live`` for ``step`` and return it read back memory-mapped."""
         self.folder.mkdir(exist_ok=True)
         target = self.path(step)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save({k: v.contiguous() for k, v in live.items()}, handle)  # CPU storages: no copy
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_writer(target, durable=False) as handle:  # scratch: a crash clears them anyway
+            torch.save({k: v.contiguous() for k, v in live.items()}, handle)  # CPU storages: no copy
         return torch.load(target, mmap=True, weights_only=True, map_location="cpu")
 
     def release(self, step: int) -> None:

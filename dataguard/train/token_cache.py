@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dataguard.io.safe_files import LinkRefused, open_nofollow, write_atomic
+from dataguard.io.safe_files import LinkRefused, atomic_writer, open_nofollow, write_atomic
 from dataguard.train.encode import IGNORE_INDEX, Encoded
 
 ENCODER_VERSION = 1
@@ -153,26 +153,18 @@ def _batch(enc: Encoded, task: str, schema: pa.Schema) -> pa.RecordBatch:
 
 def _build(folder: Path, split: str, table: pa.Table, encode: Callable[[pa.Table], Encoded], task: str) -> None:
     schema = _schema(task)
-    target = folder / f"{split}.arrow"
-    tmp = folder / f".{split}.arrow.{os.getpid()}.tmp"
     dropped: dict[str, int] = {}
     rows = tokens = folded = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        with os.fdopen(fd, "wb") as handle, pa.ipc.new_file(handle, schema) as writer:
-            for start in range(0, max(table.num_rows, 1), CHUNK_ROWS):
-                enc = encode(table.slice(start, CHUNK_ROWS))
-                for reason, n in enc.dropped.items():
-                    dropped[reason] = dropped.get(reason, 0) + int(n)
-                folded += enc.folded_system
-                if len(enc):
-                    writer.write_batch(_batch(enc, task, schema))
-                    rows += len(enc)
-                    tokens += enc.n_tokens()
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_writer(folder / f"{split}.arrow") as handle, pa.ipc.new_file(handle, schema) as writer:
+        for start in range(0, max(table.num_rows, 1), CHUNK_ROWS):
+            enc = encode(table.slice(start, CHUNK_ROWS))
+            for reason, n in enc.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + int(n)
+            folded += enc.folded_system
+            if len(enc):
+                writer.write_batch(_batch(enc, task, schema))
+                rows += len(enc)
+                tokens += enc.n_tokens()
     write_atomic(folder / f"{split}.json", json.dumps({"rows": rows, "tokens": tokens, "dropped": dropped,
                                                        "folded_system": folded, "task": task}, sort_keys=True) + "\n")
 
