@@ -22,6 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.train.jsonl_log import read_records
+
 # Canonical record columns and bookkeeping columns: not scores.
 NOT_SCORES = frozenset({"id", "source", "messages", "label", "meta", "format", "repeat", "content_hash",
                         "duplicate_of", "near_dup_of", "semantic_dup_of", "overlap_ref_set", "overlap_ref_item",
@@ -35,15 +37,7 @@ def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "events.jsonl"
     if not path.is_file() or path.is_symlink():
         return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            out.append(event)
-    return out
+    return read_records(path)
 
 
 def quarantined(run_dir: str | Path) -> dict[str, dict[str, Any]]:
