@@ -43,8 +43,10 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,10 +122,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--child", choices=("cache", "lists"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out)
     if args.child:
-        cache = out / "cache" if args.child == "cache" else None
+        cache = Path(args.cache) if args.child == "cache" else None
         print(json.dumps(side(Path(args.data), cache)))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -131,18 +134,21 @@ def main() -> int:
     data = make_data(out, args.tokens)
     print(f"data: {time.perf_counter() - t0:.0f} s")
     results = {}
+    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=out))  # fresh: a first start must really encode
     # a first start encodes (and builds the cache); a second start (a resume, another rank)
     # maps it: its memory is what a training process holds
     sides = [("cache: first start", "cache"), ("cache: second start", "cache")]
     if args.lists:
         sides.append(("no cache (lists)", "lists"))
     for label, name in sides:
-        done = subprocess.run([sys.executable, __file__, "--child", name, "--data", str(data), "--out", str(out)],
+        done = subprocess.run([sys.executable, __file__, "--child", name, "--data", str(data), "--out", str(out),
+                               "--cache", str(cache)],
                               capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         if done.returncode != 0:
             print(done.stderr[-3000:])
             return 1
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    shutil.rmtree(cache)
     lines = ["| start | tokens | rows | encode or map s | epoch of collates s | held MB | bytes/token |",
              "|---|---|---|---|---|---|---|"]
     for name, r in results.items():

@@ -150,15 +150,35 @@ def render_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, l
 
 def _token_labels(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and labels: the id inside an assistant span, else -100."""
-    if getattr(tokenizer, "is_fast", False):
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
-        labels = []
-        for tok, (s, e) in zip(ids, enc["offset_mapping"], strict=True):
-            inside = any(a <= s < b for a, b in spans) and e > s
-            labels.append(tok if inside else IGNORE_INDEX)
-        return ids, labels
-    # slow tokenizer: token counts of the span boundaries' prefixes
+    return _token_labels_batch(tokenizer, [text], [spans])[0]
+
+
+TOKENIZE_BATCH = 256  # texts per tokenizer call: one Rust call instead of one per row
+
+
+def _token_labels_batch(tokenizer: Any, texts: list[str], spans: list[list[tuple[int, int]]]
+                        ) -> list[tuple[list[int], list[int]]]:
+    """`_token_labels` for many texts. A fast tokenizer encodes them in batches and the
+    labels come from its offsets with array operations: the per-token Python loop was a
+    third of the encoding time on a 20M-token corpus."""
+    if not getattr(tokenizer, "is_fast", False):
+        return [_token_labels_slow(tokenizer, t, s) for t, s in zip(texts, spans, strict=True)]
+    out: list[tuple[list[int], list[int]]] = []
+    for at in range(0, len(texts), TOKENIZE_BATCH):
+        enc = tokenizer(texts[at:at + TOKENIZE_BATCH], add_special_tokens=False, return_offsets_mapping=True)
+        for k, (ids, offsets) in enumerate(zip(enc["input_ids"], enc["offset_mapping"], strict=True)):
+            ids_arr = np.asarray(ids, dtype=np.int64)
+            off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+            inside = np.zeros(len(ids_arr), dtype=bool)
+            for a, b in spans[at + k]:
+                inside |= (off[:, 0] >= a) & (off[:, 0] < b)
+            inside &= off[:, 1] > off[:, 0]
+            out.append((ids_arr.tolist(), np.where(inside, ids_arr, IGNORE_INDEX).tolist()))
+    return out
+
+
+def _token_labels_slow(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """A slow tokenizer has no offsets: token counts of the span boundaries' prefixes."""
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     labels = [IGNORE_INDEX] * len(ids)
     for a, b in spans:
@@ -184,6 +204,7 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
     keep: list[int] = []
     folded = 0
     refusal = ""
+    rendered: list[tuple[int, str, list[tuple[int, int]]]] = []
     for i, row in enumerate(table.column("messages").to_pylist()):
         messages = _messages(row)
         if not any(m["role"] == "assistant" for m in messages):
@@ -199,10 +220,12 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
             dropped["template_not_prefix_stable"] += 1
             continue
         folded += was_folded
-        ids, labels = _token_labels(tokenizer, text, spans)
+        rendered.append((i, text, spans))
+    tokens = _token_labels_batch(tokenizer, [t for _, t, _ in rendered], [s for _, _, s in rendered])
+    for (i, _, _), (ids, labels) in zip(rendered, tokens, strict=True):
         if max_length is not None and len(ids) > max_length:
             ids, labels = ids[:max_length], labels[:max_length]
-        if all(x == IGNORE_INDEX for x in labels[1:]):  # label 0 is never predicted (shift by one)
+        if labels[1:].count(IGNORE_INDEX) == len(labels) - 1:  # label 0 is never predicted (shift by one)
             dropped["no_assistant_tokens_after_truncation"] += 1
             continue
         out_ids.append(ids)
