@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--checkpoint", default="best", metavar="best|newest",
                          help="which checkpoint of a run folder: best (by eval loss, the default) or newest "
                               "(the newest intact one); a damaged checkpoint is never converted")
+    convert.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                         help="dtype of the written weights: auto (the default) keeps the dtype the run's base "
+                              "was loaded in (bf16 under `precision: bf16` with LoRA), else fp32")
 
     loop = sub.add_parser("loop", help="run, train, flag rows from the training dynamics, re-run, retrain",
                           description="Round 1 runs the pipeline and trains; each later round re-runs the pipeline "

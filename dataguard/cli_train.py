@@ -165,7 +165,7 @@ def convert_command(args: argparse.Namespace) -> int:
 
     try:
         with _one_line_warnings():
-            out = convert_checkpoint(args.source, args.out, args.checkpoint)
+            out = convert_checkpoint(args.source, args.out, args.checkpoint, dtype=getattr(args, "dtype", "auto"))
     except _train_errors() as exc:
         raise CliError(f"convert failed: {exc}", EXIT_FAILED) from None
     print(f"model: {out}")

@@ -84,9 +84,14 @@ def test_bf16_lora_holds_the_base_in_bf16_trains_resumes_and_converts_in_bf16(sf
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
     assert dtypes == {"BF16"}
-    out32 = convert_checkpoint(tmp_path / "run", tmp_path / "model32", "newest", dtype="fp32")
-    with safe_open(str(out32 / "model.safetensors"), "pt") as f:
+    from dataguard.cli import main  # the override, as a user gives it
+
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "model32"), "--checkpoint", "newest",
+                 "--dtype", "fp32"]) == 0
+    with safe_open(str(tmp_path / "model32" / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "model8"), "--dtype", "int8"]) == 2  # usage
+    assert not (tmp_path / "model8").exists()
 
 
 def test_full_fine_tuning_under_bf16_keeps_fp32_weights(sft_data, tmp_path):
