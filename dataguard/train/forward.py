@@ -43,7 +43,7 @@ from dataguard.train.losses import (
     normalised_share,
 )
 
-CHUNK_TOKENS = 1024
+CHUNK_TOKENS = 256
 # Causal LMs whose forward is logits = lm_head(decoder(...).last_hidden_state), nothing more.
 LEAN_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                                 "Phi3ForCausalLM", "GemmaForCausalLM", "SmolLM3ForCausalLM", "OlmoForCausalLM",
