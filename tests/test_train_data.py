@@ -28,7 +28,6 @@ from dataguard.train.data import (
     encode_classify,
     encode_sft,
     length_cap,
-    prepare_data,
     row_repeat,
     row_weights,
     run_split,
@@ -518,36 +517,48 @@ def test_sampler_resume_checks_and_errors():
     assert len(_curriculum()) == 30
 
 
-# ------------------------------------------------------------------ prepare_data
-def test_prepare_sft(sft_run, tok):
+# ------------------------------------------------------------------ the runner's split + encode
+def _runner_split(run: RunShards, tok, values: dict) -> tuple:
+    """What `setup_run` does before the first step: the split, the label map of a task with
+    classes, and `prepare.encode_split` (train, validation, max_length, warnings)."""
+    from dataguard.train.config import load_train_config
+    from dataguard.train.prepare import encode_split
+
+    cfg = load_train_config({"model": "tiny-causal-lm", "data": str(run.folder), "output": "unused", **values})
+    label_map = LabelMap.from_run(run.table, run.training) if cfg.task == "classify" else None
+    train_idx, val_idx, _ = run_split(run, cfg.eval_fraction, cfg.seed)
+    warnings: list[str] = []
+    train, val, max_length = encode_split(cfg, run, tok, label_map, train_idx, val_idx, warnings.append)
+    return train, val, max_length, warnings, label_map
+
+
+def test_runner_split_sft(sft_run, tok):
     run = RunShards.open(sft_run, task="sft")
-    prep = prepare_data(run, tok, task="sft", eval_fraction=0.1, seed=0)
+    train, val, max_length, warnings, _ = _runner_split(run, tok, {"task": "sft", "eval_fraction": 0.1, "seed": 0})
     cap, _ = length_cap(run.manifest)
-    assert prep.max_length == cap and prep.label_map is None and prep.curriculum is None
-    assert any("qwen2.5" in w for w in prep.warnings)
-    assert len(prep.train) + len(prep.val) + sum(prep.train.dropped.values()) + sum(
-        prep.val.dropped.values()) == run.table.num_rows
-    assert not set(prep.train.row_ids) & set(prep.val.row_ids)
-    sampler = prep.sampler(total_steps=3, batch_size=4, seed=0)
+    assert max_length == cap
+    assert any("qwen2.5" in w for w in warnings)  # the cap was counted with another tokenizer
+    assert len(train) + len(val) + sum(train.dropped.values()) + sum(val.dropped.values()) == run.table.num_rows
+    assert not set(train.row_ids) & set(val.row_ids)
+    sampler = CurriculumSampler(len(train), train.repeat, total_steps=3, batch_size=4, seed=0)
     for idx in sampler:
-        batch = prep.train.collate(idx, tok.pad_token_id, sampler.last_multipliers)
+        batch = train.collate(idx, tok.pad_token_id, sampler.last_multipliers)
         assert batch["input_ids"].shape[1] <= cap
-    packed = prepare_data(run, tok, task="sft", max_length=128, packing=True)
-    assert packed.max_length == 128 and packed.train.packed_rows is not None and not packed.warnings
+    packed, _, max_length, warnings, _ = _runner_split(run, tok, {"task": "sft", "max_length": 128,
+                                                                   "packing": True})
+    assert max_length == 128 and packed.packed_rows is not None and not warnings
 
 
-def test_prepare_classify(cls_run, minilm):
+def test_runner_split_classify(cls_run, minilm):
     run = RunShards.open(cls_run, task="classify")
-    prep = prepare_data(run, minilm, task="classify", max_length=24, eval_fraction=0.2, seed=1)
-    assert len(prep.train) + len(prep.val) == run.table.num_rows and len(prep.val) == 294
-    assert prep.logit_offsets == run.training["longtail"]["logit_offsets"]
-    assert prep.class_weights == run.training["longtail"]["class_weights"]
-    mult, bounds = prep.curriculum
+    train, val, _, _, label_map = _runner_split(run, minilm, {"task": "classify", "model": "minilm",
+                                                               "max_length": 24, "eval_fraction": 0.2, "seed": 1})
+    assert len(train) + len(val) == run.table.num_rows and len(val) == 294
+    assert class_vector(run.training, label_map, "logit_offsets") == run.training["longtail"]["logit_offsets"]
+    assert class_vector(run.training, label_map, "class_weights") == run.training["longtail"]["class_weights"]
+    mult, bounds = curriculum_schedule(run.training, label_map)
     assert bounds == [0.25, 0.5]
-    sampler = prep.sampler(total_steps=10, batch_size=8, seed=0)
+    sampler = CurriculumSampler(len(train), train.repeat, train.class_ids, mult, bounds, total_steps=10,
+                                batch_size=8, seed=0)
     first, mults = sampler.next_batch()
-    assert all(mult[0][prep.train.class_ids[i]] > 0 for i in first) and (mults == 1.0).all()
-    plain = prep.sampler(total_steps=10, batch_size=8, seed=0, curriculum=False)
-    assert plain.multipliers is None
-    custom = prepare_data(run, minilm, task="classify", max_length=24, curriculum_boundaries=[0.3, 0.6])
-    assert custom.curriculum[1] == [0.3, 0.6]
+    assert all(mult[0][train.class_ids[i]] > 0 for i in first) and (mults == 1.0).all()

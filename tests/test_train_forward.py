@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
-from dataguard.train.forward import forward_loss, lean_parts, lm_loss_lean
+from dataguard.train.forward import lean_parts, lm_loss_lean
 from dataguard.train.losses import causal_lm_loss
 from dataguard.train.model import apply_lora
+from dataguard.train.tasks import get_task
+from dataguard.train.tasks.base import LossSettings
 from dataguard.train.tiny import tiny_causal_lm
 
 
@@ -63,7 +65,7 @@ def test_lean_loss_under_lora_trains_the_same_adapters():
     _plain(model, batch).backward()
     want = _grads(model)
     model.zero_grad()
-    out = forward_loss(model, batch, task="sft")
+    out = get_task("sft").forward(model, batch, LossSettings())
     out.loss.backward()
     got = _grads(model)
     assert lean_parts(model) is not None  # the PEFT wrapper is seen through
@@ -76,7 +78,7 @@ def test_a_batch_with_nothing_to_score_gives_zero_loss_and_zero_gradients():
     model = tiny_causal_lm(97, seed=4)
     batch = _batch(97)
     batch["labels"][:] = -100
-    out = forward_loss(model, batch, task="sft")
+    out = get_task("sft").forward(model, batch, LossSettings())
     out.loss.backward()
     assert float(out.loss.detach()) == 0.0
     assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters() if p.grad is not None)
@@ -90,7 +92,7 @@ def test_soft_capped_and_ddp_models_take_the_plain_path():
     gpt2 = pytest.importorskip("transformers").GPT2LMHeadModel(
         pytest.importorskip("transformers").GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=97))
     assert lean_parts(gpt2) is None
-    out = forward_loss(gpt2, _batch(97), task="sft")  # the plain path still gives row losses
+    out = get_task("sft").forward(gpt2, _batch(97), LossSettings())  # the plain path still gives row losses
     assert out.row_loss.shape == (3,) and math.isnan(float(out.row_loss[1]))
 
 
@@ -101,8 +103,8 @@ def test_classify_reports_raw_logits_and_row_losses():
     ids = torch.randint(1, 100, (5, 9), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 2, 3, 0]),
              "sample_weight": torch.ones(5)}
-    out = forward_loss(model, batch, task="classify", offsets=torch.tensor([0.0, -1.0, -2.0, -3.0]),
-                       logit_adjustment=True)
+    out = get_task("classify").forward(
+        model, batch, LossSettings(offsets=torch.tensor([0.0, -1.0, -2.0, -3.0]), logit_adjustment=True))
     assert out.logits is not None and out.logits.shape == (5, 4) and not out.logits.requires_grad
     expected = torch.nn.functional.cross_entropy(out.logits, batch["labels"], reduction="none")
     assert torch.allclose(out.row_loss, expected)

@@ -38,7 +38,7 @@ def _cfg(data: Path, out: Path, **kw):
 
 
 def _same(a, b) -> None:
-    assert a.row_ids == b.row_ids and a.dropped == b.dropped and a.task == b.task
+    assert a.row_ids == b.row_ids and a.dropped == b.dropped and a.per_token == b.per_token
     assert np.array_equal(a.weights, b.weights) and np.array_equal(a.repeat, b.repeat)
     for i in range(len(a)):
         assert list(map(int, a.input_ids[i])) == list(map(int, b.input_ids[i]))

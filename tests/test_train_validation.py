@@ -26,9 +26,10 @@ from dataguard.config import ConfigError, load_config
 from dataguard.config_yaml import Located
 from dataguard.train import config_checks as C
 from dataguard.train.config import CHECKS, TrainConfig, load_train_config
-from dataguard.train.data import RunShards, class_vector, curriculum_schedule, prepare_data
+from dataguard.train.data import RunShards, class_vector, curriculum_schedule
 from dataguard.train.labels import LabelMap
 from dataguard.train.manifest_schema import ManifestError
+from dataguard.train.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_data"
@@ -305,10 +306,13 @@ def test_manifest_variants_the_runner_can_use_are_accepted(cls_run, tmp_path, to
     run = _edited(cls_run, tmp_path, edit)
     cfg = load_train_config(_classify_yaml(tmp_path, run))
     shards = RunShards.open(cfg.data, task="classify")
-    prepared = prepare_data(shards, tokenizer, task="classify", max_length=16, eval_fraction=0.0)
-    n = len(prepared.label_map)
-    assert n == len(shards.training["longtail"]["classes"])
-    assert prepared.curriculum is not None and all(len(row) == n for row in prepared.curriculum[0])
+    label_map = LabelMap.from_run(shards.table, shards.training)  # as setup_run builds them
+    encoded = get_task("classify").encode(shards.table, tokenizer, max_length=16, label_map=label_map,
+                                          allow_empty=False)
+    n = len(label_map)
+    assert n == len(shards.training["longtail"]["classes"]) and len(encoded) == shards.table.num_rows
+    schedule = curriculum_schedule(shards.training, label_map)
+    assert schedule is not None and all(len(row) == n for row in schedule[0])
 
 
 def test_a_folder_without_manifest_is_left_to_the_runner(tmp_path):

@@ -30,8 +30,9 @@ from dataguard.io.writer import read_table, write_table
 from dataguard.pipeline import Pipeline
 from dataguard.train import loop, tiny
 from dataguard.train.config import load_train_config
-from dataguard.train.data import RunShards, prepare_data
+from dataguard.train.data import LabelMap, RunShards
 from dataguard.train.loop import Trainer
+from dataguard.train.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
 WEIGHTS = [1.0, 2.0, 10.0]
@@ -139,7 +140,9 @@ def _reference(model: Any, cfg: Any) -> dict[str, Any]:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tiny.minilm_path(), local_files_only=True)
-    enc = prepare_data(run, tok, task=cfg.task, max_length=cfg.max_length, eval_fraction=0.0).train
+    label_map = LabelMap.from_run(run.table, run.training) if cfg.task == "classify" else None
+    enc = get_task(cfg.task).encode(run.table, tok, max_length=cfg.max_length, label_map=label_map,
+                                    allow_empty=False)  # the runner's encoder, every row
     assert len(enc) == 3
     sums, counts = [], []
     for i in range(len(enc)):

@@ -19,7 +19,7 @@ _EXPORTS = {
     "TrainConfig": "config", "load_train_config": "config",
     "RunShards": "data", "Encoded": "data", "LabelMap": "data", "TrainDataError": "data",
     "encode_sft": "data", "encode_classify": "data", "length_cap": "data", "split_validation": "data",
-    "run_split": "data", "prepare_data": "data", "PreparedData": "data",
+    "run_split": "data",
     "CurriculumSampler": "sampler",
     "Trainer": "loop", "evaluate": "evaluate", "build_training_report": "report",
     "logit_adjusted_cross_entropy": "losses", "posthoc_adjust": "losses", "causal_lm_loss": "losses",

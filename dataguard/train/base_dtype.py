@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from dataguard.train.tasks import get_task
+
 QUANTIZE_CHOICES = ("none", "4bit")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -55,7 +57,7 @@ def check_quantize(lora: Mapping[str, Any] | None, *, on_cpu: bool, task: str) -
                              "run on this CPU; use precision: bf16 with lora for a half-size base instead")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise BaseDtypeError("lora.quantize: 4bit (QLoRA) needs bitsandbytes (pip install bitsandbytes)")
-    if task != "sft":
+    if not get_task(task).generates:
         raise BaseDtypeError("lora.quantize: 4bit is for causal LMs (task: sft); a classifier's new head "
                              "cannot start quantised")
 

@@ -20,6 +20,7 @@ from dataguard.train import config_checks as C
 from dataguard.train.config_checks import GUARD_DEFAULTS, Check, Path_
 from dataguard.train.errors import TrainDataError
 from dataguard.train.manifest_schema import preflight
+from dataguard.train.tasks import PACKING_TASKS, TASK_NAMES
 
 
 @dataclass
@@ -79,7 +80,7 @@ class TrainConfig:
 
 
 CHECKS: dict[str, Check] = {
-    "task": C.choice("sft", "classify"),
+    "task": C.choice(*TASK_NAMES),
     "model": C.model_name,
     "data": C.text,
     "output": C.text,
@@ -197,8 +198,8 @@ def load_train_config(source: str | Path | dict[str, Any], *,
     if checked.get("min_lr", 0.0) > checked.get("lr", TrainConfig.lr):
         raise loc.error(prefix + ("min_lr",), f"must not exceed lr ({checked.get('lr', TrainConfig.lr):g}), "
                                               f"got {checked['min_lr']:g}")
-    if checked.get("packing") and checked["task"] != "sft":
-        raise loc.error(prefix + ("packing",), "packing applies to task sft only")
+    if checked.get("packing") and checked["task"] not in PACKING_TASKS:
+        raise loc.error(prefix + ("packing",), f"packing applies to task {', '.join(sorted(PACKING_TASKS))} only")
     _check_manifest(checked["data"])
     return TrainConfig(**checked)
 

@@ -25,6 +25,7 @@ from dataguard.train.checkpoint import (
     newest_intact_checkpoint,
     resume_checkpoint,
 )
+from dataguard.train.tasks import get_task
 from dataguard.train.weights import PEFT_PREFIX, ConvertError, load_state_into
 
 __all__ = ["PEFT_PREFIX", "ConvertError", "convert_checkpoint", "find_checkpoint", "load_run_model",
@@ -158,7 +159,5 @@ def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None
                               task)
         load_weights(model, ckpt)
         return model
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    auto = AutoModelForCausalLM if task == "sft" else AutoModelForSequenceClassification
+    auto = get_task(task).auto_model_class()
     return auto.from_pretrained(str(ckpt), local_files_only=True, dtype=torch.float32)

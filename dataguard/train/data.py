@@ -1,12 +1,13 @@
 """Shards -> tokenized training examples, reading only what a pipeline wrote.
 
-One module per job, gathered here (`prepare_data` is what the runner calls):
+One module per job, gathered here (the runner's `dataguard.train.prepare.encode_split` encodes
+through the task, `dataguard.train.tasks`):
 `dataguard.train.shards` (`RunShards.open(folder)` reads ``manifest.json`` and the data
 shards it lists, sha256 checked; the row weights), `dataguard.train.labels` (`LabelMap`,
 the longtail stage's per-class state), `dataguard.train.encode` (`encode_sft` /
 `encode_classify` turn rows into token ids and labels; `Encoded.collate` pads a micro-batch:
 right padding, attention mask 0 on padding, labels -100 on padding and on every
-non-assistant token for SFT). This module splits validation rows and assembles the rest.
+non-assistant token for SFT). This module splits validation rows.
 
 THE WEIGHT RULE (how the pipeline's per-row columns become what the optimizer sees):
 
@@ -47,12 +48,9 @@ per-row attention reset).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from dataguard.train.encode import (
     IGNORE_INDEX,
@@ -77,9 +75,9 @@ from dataguard.train.shards import (
 
 # Names the runner and the tests import from here; they live in the modules above.
 __all__ = [
-    "IGNORE_INDEX", "REPEAT_COLUMN", "WEIGHT_COLUMNS", "Encoded", "LabelMap", "PreparedData", "RunShards",
+    "IGNORE_INDEX", "REPEAT_COLUMN", "WEIGHT_COLUMNS", "Encoded", "LabelMap", "RunShards",
     "TrainDataError", "assistant_char_spans", "class_vector", "classify_text", "curriculum_schedule",
-    "curriculum_unit", "encode_classify", "encode_sft", "length_cap", "pack", "prepare_data", "row_repeat",
+    "curriculum_unit", "encode_classify", "encode_sft", "length_cap", "pack", "row_repeat",
     "row_weights", "run_split", "split_validation", "tokenizer_mismatch", "validation_sources",
 ]
 
@@ -123,74 +121,3 @@ def run_split(run: RunShards, fraction: float, seed: int) -> tuple[np.ndarray, n
                     f"pipeline validation sources {names}")
     train, val = split_validation(run.table.num_rows, fraction, seed)
     return train, val, f"seeded held-out fraction {fraction:g} (seed {seed})"
-
-
-# ------------------------------------------------------------------ everything a run needs
-@dataclass
-class PreparedData:
-    """A run's data, ready for the loop: encoded train/validation sets and, for classify,
-    the label map and the manifest's per-class vectors in label-map order."""
-
-    task: str
-    train: Encoded
-    val: Encoded | None
-    max_length: int | None
-    split: str
-    label_map: LabelMap | None = None
-    logit_offsets: list[float | None] | None = None
-    class_weights: list[float | None] | None = None
-    curriculum: tuple[list[list[float]], list[float]] | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def sampler(self, *, total_steps: int | None, batch_size: int, seed: int, grad_accum: int = 1,
-                unit: str = "steps", epochs: int | None = None, curriculum: bool = True) -> Any:
-        """The training sampler: repeat always, the curriculum when present and wanted."""
-        from dataguard.train.sampler import CurriculumSampler
-
-        use = self.curriculum if curriculum and self.train.class_ids is not None else None
-        return CurriculumSampler(len(self.train), self.train.repeat, self.train.class_ids,
-                                 use[0] if use else None, use[1] if use else None, total_steps,
-                                 batch_size, seed, unit, grad_accum=grad_accum, epochs=epochs)
-
-
-def _encode_val(encode: Any, table: pa.Table, warnings: list[str]) -> Encoded | None:
-    """The validation set, or None (with a warning) when none of its rows is usable."""
-    if table.num_rows == 0:
-        return None
-    try:
-        return encode()
-    except TrainDataError as exc:
-        warnings.append(f"no validation set: {exc}")
-        return None
-
-
-def prepare_data(run: RunShards, tokenizer: Any, *, task: str, max_length: int | None = None,
-                 eval_fraction: float = 0.1, seed: int = 0, packing: bool = False,
-                 curriculum_boundaries: Sequence[float] | None = None) -> PreparedData:
-    """Split, encode and collect the manifest's training state. ``max_length`` None takes
-    the length stage's cap (SFT), with a warning when another tokenizer counted it."""
-    warnings: list[str] = []
-    if task == "sft" and max_length is None:
-        max_length, counted_by = length_cap(run.manifest)
-        if max_length is not None:
-            message = tokenizer_mismatch(counted_by, tokenizer)
-            if message:
-                warnings.append(message)
-    train_idx, val_idx, how = run_split(run, eval_fraction, seed)
-    train_t, val_t = run.table.take(pa.array(train_idx)), run.table.take(pa.array(val_idx))
-    if task == "sft":
-        train = encode_sft(train_t, tokenizer, max_length, packing=packing)
-        val = _encode_val(lambda: encode_sft(val_t, tokenizer, max_length), val_t, warnings)
-        return PreparedData(task, train, val, max_length, how, warnings=warnings)
-    if task != "classify":
-        raise TrainDataError(f"unknown task {task!r}")
-    label_map = LabelMap.from_run(run.table, run.training)
-    train = encode_classify(train_t, tokenizer, label_map, max_length)
-    val = _encode_val(lambda: encode_classify(val_t, tokenizer, label_map, max_length), val_t, warnings)
-    schedule = curriculum_schedule(run.training, label_map)
-    if schedule is not None and curriculum_boundaries is not None:
-        schedule = (schedule[0], [float(b) for b in curriculum_boundaries])
-    return PreparedData(task, train, val, max_length, how,
-                        label_map=label_map, logit_offsets=class_vector(run.training, label_map, "logit_offsets"),
-                        class_weights=class_vector(run.training, label_map, "class_weights"),
-                        curriculum=schedule, warnings=warnings)

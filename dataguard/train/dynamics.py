@@ -38,6 +38,7 @@ import pyarrow as pa
 import torch
 
 from dataguard.train.dynamics_file import FILE_NAME, read_dynamics, write_dynamics
+from dataguard.train.tasks import get_task
 
 STATE_FILE = "dynamics_state.safetensors"
 _FIELDS = ("row", "pass", "step", "loss", "gold_prob", "margin", "n", "correct", "predicted")
@@ -66,7 +67,7 @@ class DynamicsRecorder:
         gold = margin = np.full(n, np.nan)
         correct = np.zeros(n, dtype=bool)
         predicted = np.full(n, -1, dtype=np.int64)
-        if self.task == "classify" and logits is not None and targets is not None:
+        if logits is not None and targets is not None:
             z = logits.detach().float().cpu()
             y = targets.detach().cpu().long()
             ok = (y >= 0) & (y < z.shape[1])
@@ -151,7 +152,7 @@ class DynamicsRecorder:
     def table(self) -> pa.Table:
         a = self._arrays()
         n = np.maximum(a["n"], 1).astype(np.float64)
-        classify = self.task == "classify"
+        classify = get_task(self.task).has_classes
         names = np.asarray(self.labels + [None], dtype=object)
         pred = a["predicted"]
         return pa.table({
@@ -228,6 +229,6 @@ def eval_pass(recorder: DynamicsRecorder, model: Any, enc: Any, *, pass_no: int,
         batch = {k: v.to(device) for k, v in enc.collate(idx, pad_id).items()}
         out = forward(model, batch)
         recorder.record(step, [pass_no] * len(idx), idx, out.row_loss, out.logits,
-                        batch["labels"] if recorder.task == "classify" else None)
+                        get_task(recorder.task).dynamics_targets(batch))
     if was_training:
         model.train()

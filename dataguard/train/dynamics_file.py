@@ -41,10 +41,11 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from dataguard.io.safe_files import LinkRefused, write_atomic
+from dataguard.train.tasks import TASK_NAMES
 
 FILE_NAME = "dynamics.arrow"
 FORMAT = "dataguard.dynamics/1"
-TASKS = ("classify", "sft")
+TASKS = TASK_NAMES
 SOURCES = ("train_forward", "eval_pass")
 SCHEMA = pa.schema([
     ("id", pa.string()), ("pass", pa.int32()), ("step", pa.int64()), ("loss", pa.float32()),

@@ -27,6 +27,7 @@ import torch
 from dataguard.train.dynamics import STATE_FILE, DynamicsRecorder, eval_pass
 from dataguard.train.dynamics_rows import RowScores
 from dataguard.train.sampler import steps_per_epoch
+from dataguard.train.tasks import get_task
 
 
 class DynamicsHook:
@@ -73,7 +74,7 @@ class DynamicsHook:
         """One micro-batch of the training step (only when the training forward is the source)."""
         if self.from_training:
             self.recorder.record(step, passes, idx, out.row_loss, out.logits,
-                                 batch["labels"] if self.recorder.task == "classify" else None)
+                                 get_task(self.recorder.task).dynamics_targets(batch))
 
     def at_eval(self, step: int, model: Any, enc: Any, *, pad_id: int, device: Any,
                 forward: Callable[[Any, dict[str, torch.Tensor]], Any]) -> None:

@@ -56,8 +56,9 @@ class Encoded:
         return len(self.input_ids)
 
     @property
-    def task(self) -> str:
-        return "classify" if self.class_ids is not None else "sft"
+    def per_token(self) -> bool:
+        """Labels per token (a causal LM's examples) rather than one class id per row."""
+        return self.class_ids is None
 
     def n_tokens(self, indices: Sequence[int] | None = None) -> int:
         idx = range(len(self)) if indices is None else indices
@@ -73,7 +74,7 @@ class Encoded:
         width = max(len(self.input_ids[i]) for i in idx)
         ids = torch.full((len(idx), width), int(pad_id), dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
-        sft = self.task == "sft"
+        sft = self.per_token
         labels = torch.full((len(idx), width), IGNORE_INDEX, dtype=torch.long) if sft else None
         for r, i in enumerate(idx):
             seq = self.input_ids[i]

@@ -17,53 +17,32 @@ import numpy as np
 import torch
 
 from dataguard.train.data import Encoded
-from dataguard.train.losses import IGNORE_INDEX, causal_lm_loss, logit_adjusted_cross_entropy, posthoc_adjust
+from dataguard.train.tasks import get_task
+from dataguard.train.tasks.base import EvalTally, LossSettings
 
 
 @torch.no_grad()
 def evaluate(model: Any, encoded: Encoded, *, task: str, batch_size: int, pad_id: int,
              offsets: torch.Tensor | None, logit_adjustment: bool, device: torch.device) -> dict[str, float]:
-    """Unweighted validation loss and accuracy (classify: accuracy of the balanced
-    prediction, post-hoc adjusted when the model was trained without the offsets).
+    """Unweighted validation loss and accuracy, counted as the task counts them
+    (`dataguard.train.tasks.base.Task.eval_batch`); ``balanced_accuracy`` where it has classes.
 
     Leaves the model in eval mode; the caller switches it back to training."""
     rank, world = _process_group()
     model = getattr(model, "module", model) if world > 1 else model
     model.eval()
-    losses, correct, count = [], 0, 0
-    per_class: dict[int, list[int]] = {}
+    kind = get_task(task)
+    settings = LossSettings(offsets=offsets, logit_adjustment=logit_adjustment)
+    tally = EvalTally()
     for start in range(rank * batch_size, len(encoded), world * batch_size):
         idx = list(range(start, min(start + batch_size, len(encoded))))
         batch = {k: v.to(device) for k, v in encoded.collate(idx, pad_id).items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        if task == "sft":
-            pred, gold = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
-            mask = gold != IGNORE_INDEX
-            # the sum of this batch's token losses, weighted by its token count below: the eval
-            # loss is the mean over every supervised token, as the training loss is
-            losses.append((float(causal_lm_loss(logits, batch["labels"], denominator=1.0)), 1))
-            correct += int((pred[mask] == gold[mask]).sum())
-            count += int(mask.sum())
-            continue
-        losses.append((float(logit_adjusted_cross_entropy(logits, batch["labels"])), len(idx)))
-        scored = logits
-        if offsets is not None and not logit_adjustment:
-            scored = posthoc_adjust(logits, offsets)
-        pred = scored.argmax(-1)
-        for p, g in zip(pred.tolist(), batch["labels"].tolist(), strict=True):
-            per_class.setdefault(g, [0, 0])
-            per_class[g][0] += int(p == g)
-            per_class[g][1] += 1
-            correct += int(p == g)
-            count += 1
-    n = count if task == "sft" else sum(k for _, k in losses)  # sft: supervised tokens; classify: rows
-    loss_sum = sum(v * k for v, k in losses)
+        kind.eval_batch(model, batch, tally, settings)
     if world > 1:
-        loss_sum, n, correct, count, per_class = _across_processes(loss_sum, n, correct, count, per_class,
-                                                                   encoded, device)
-    out = {"loss": loss_sum / max(n, 1), "accuracy": correct / max(count, 1)}
-    if per_class:
-        out["balanced_accuracy"] = float(np.mean([c / t for c, t in per_class.values()]))
+        tally = _across_processes(tally, encoded, device)
+    out = {"loss": tally.loss_sum / max(tally.items, 1), "accuracy": tally.correct / max(tally.count, 1)}
+    if tally.per_class:
+        out["balanced_accuracy"] = float(np.mean([c / t for c, t in tally.per_class.values()]))
     return out
 
 
@@ -75,17 +54,16 @@ def _process_group() -> tuple[int, int]:
     return 0, 1
 
 
-def _across_processes(loss_sum: float, n: int, correct: int, count: int, per_class: dict[int, list[int]],
-                      encoded: Encoded, device: torch.device) -> tuple[float, int, int, int, dict[int, list[int]]]:
+def _across_processes(tally: EvalTally, encoded: Encoded, device: torch.device) -> EvalTally:
     """The sums of every process's share: loss, items, correct, count, and per class."""
     import torch.distributed as dist
 
     classes = int(np.max(encoded.class_ids)) + 1 if encoded.class_ids is not None and len(encoded) else 0
     vec = torch.zeros(4 + 2 * classes, dtype=torch.float64, device=device)
-    vec[:4] = torch.tensor([loss_sum, n, correct, count], dtype=torch.float64)
-    for g, (c, t) in per_class.items():
+    vec[:4] = torch.tensor([tally.loss_sum, tally.items, tally.correct, tally.count], dtype=torch.float64)
+    for g, (c, t) in tally.per_class.items():
         vec[4 + 2 * g], vec[5 + 2 * g] = c, t
     dist.all_reduce(vec)
     out = vec.tolist()
     merged = {g: [int(out[4 + 2 * g]), int(out[5 + 2 * g])] for g in range(classes) if out[5 + 2 * g] > 0}
-    return out[0], int(out[1]), int(out[2]), int(out[3]), merged
+    return EvalTally(out[0], int(out[1]), int(out[2]), int(out[3]), merged)

@@ -1,7 +1,7 @@
-"""One micro-batch through the model: the loss to backward, and what each row scored.
+"""A causal LM's SFT loss without the full logits, and what a forward returns (`ForwardOut`).
 
-Why a module of its own: the training step, the dynamics recorder and the benchmarks all need
-the same forward pass, and the memory of a language model's step is decided here.
+Why a module of its own: the memory of a language model's step is decided here; the tasks
+(`dataguard.train.tasks`) call it from their ``forward``.
 
 The SFT loss of a causal LM is the largest tensor of a step: (tokens x vocabulary) logits,
 plus the log-softmax that cross-entropy keeps for its backward and the logits' gradient, each
@@ -24,10 +24,7 @@ gradient hooks need its own ``forward``; everything else takes the plain path, w
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dataguard.train.losses import (
     IGNORE_INDEX,
-    causal_lm_loss_per_row,
     causal_lm_weight_mass,
-    logit_adjusted_cross_entropy,
     normalised_share,
 )
 
@@ -60,31 +55,6 @@ class ForwardOut:
     loss: torch.Tensor
     row_loss: torch.Tensor
     logits: torch.Tensor | None = None
-
-
-def forward_loss(model: Any, batch: dict[str, torch.Tensor], *, task: str, offsets: torch.Tensor | None = None,
-                 logit_adjustment: bool = False, label_smoothing: float = 0.0,
-                 class_weights: torch.Tensor | None = None, denominator: float | torch.Tensor | None = None,
-                 autocast: Callable[[], AbstractContextManager[Any]] | None = None) -> ForwardOut:
-    """The step's forward for ``task`` (`ForwardOut`). ``autocast``: the accelerator's
-    autocast context (mixed precision applies to the lean path, which bypasses the wrapped
-    ``forward``)."""
-    if task == "sft":
-        parts = lean_parts(model)
-        if parts is not None:
-            with autocast() if autocast is not None else contextlib.nullcontext():
-                return lm_loss_lean(parts[0], parts[1], batch, denominator=denominator)
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        tok, sup = causal_lm_loss_per_row(out.logits, batch["labels"])
-        return _sft_out(tok.sum(dim=1), sup.sum(dim=1), batch, denominator)
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    logits = out.logits
-    loss = logit_adjusted_cross_entropy(
-        logits, batch["labels"], offsets=offsets if logit_adjustment else None, label_smoothing=label_smoothing,
-        class_weights=class_weights, sample_weights=batch.get("sample_weight"), denominator=denominator)
-    with torch.no_grad():
-        row = F.cross_entropy(logits.detach().float(), batch["labels"], reduction="none")
-    return ForwardOut(loss=loss, row_loss=row, logits=logits.detach().float())
 
 
 def lean_parts(model: Any) -> tuple[Any, Any] | None:
@@ -131,7 +101,7 @@ def lm_loss_lean(decoder: Any, head: Any, batch: dict[str, torch.Tensor], *,
         0, rows, torch.ones_like(tok, dtype=torch.float32))
     if tok.numel() == 0:  # no scored token: keep the graph so backward still runs (zero grads)
         per_row = per_row + hidden.sum().float() * 0.0
-    return _sft_out(per_row, counts, batch, denominator)
+    return sft_out(per_row, counts, batch, denominator)
 
 
 def _chunk_loss(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -139,7 +109,7 @@ def _chunk_loss(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch
     return F.cross_entropy(logits.float(), targets, reduction="none")
 
 
-def _sft_out(per_row: torch.Tensor, counts: torch.Tensor, batch: dict[str, torch.Tensor],
+def sft_out(per_row: torch.Tensor, counts: torch.Tensor, batch: dict[str, torch.Tensor],
              denominator: float | torch.Tensor | None) -> ForwardOut:
     weights = batch.get("sample_weight")
     if weights is not None:

@@ -64,11 +64,12 @@ from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap
 from dataguard.train.dynamics_hook import DynamicsHook, row_scores
 from dataguard.train.errors import TrainDiverged, TrainError
-from dataguard.train.evaluate import IGNORE_INDEX, evaluate
+from dataguard.train.evaluate import evaluate
 from dataguard.train.faults import garbage_batch, poison_grads, poison_loss
-from dataguard.train.forward import ForwardOut, forward_loss
+from dataguard.train.forward import ForwardOut
 from dataguard.train.guard import Verdict
 from dataguard.train.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
+from dataguard.train.losses import IGNORE_INDEX
 from dataguard.train.metrics_log import final_against_best, progress_bar
 from dataguard.train.optim import GradVarianceScaler, clip_gradients
 from dataguard.train.prepare import RESUME_KEYS
@@ -85,6 +86,8 @@ from dataguard.train.step import (
     row_ids,
     update_best,
 )
+from dataguard.train.tasks import get_task
+from dataguard.train.tasks.base import LossSettings
 
 __all__ = ["IGNORE_INDEX", "RESUME_KEYS", "TrainDiverged", "TrainError", "TrainResult", "Trainer"]
 
@@ -340,9 +343,9 @@ class Trainer:
               class_weights: torch.Tensor | None, denominator: float | None = None,
               autocast: Any = None) -> ForwardOut:
         cfg = self.cfg
-        return forward_loss(model, batch, task=cfg.task, offsets=offsets, logit_adjustment=cfg.logit_adjustment,
-                            label_smoothing=cfg.label_smoothing, class_weights=class_weights,
-                            denominator=denominator, autocast=autocast)
+        settings = LossSettings(offsets=offsets, logit_adjustment=cfg.logit_adjustment,
+                                label_smoothing=cfg.label_smoothing, class_weights=class_weights)
+        return get_task(cfg.task).forward(model, batch, settings, denominator=denominator, autocast=autocast)
 
     def _evaluate(self, model: Any, val: Encoded, pad_id: int, offsets: torch.Tensor | None,
                   device: torch.device) -> dict[str, float]:

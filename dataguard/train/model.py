@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from dataguard.train.tasks import get_task
+from dataguard.train.tasks.base import Task
+
 log = logging.getLogger(__name__)
 
 KINDS = ("embeddings", "attention", "mlp", "norm", "head", "other")
@@ -46,25 +49,21 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
     model config, so a saved classifier knows its labels. ``dtype`` / ``quantization``: how
     the base is held (`dataguard.train.base_dtype`).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from dataguard.train import tiny
 
-    if task not in ("sft", "classify"):
-        raise ModelError(f"task must be 'sft' or 'classify', got {task!r}")
+    kind = _task(task)
     id2label = _id2label(label_map, num_labels)
-    if task == "classify" and not id2label:
-        raise ModelError("classify needs num_labels or a label map")
+    if kind.has_classes and not id2label:
+        raise ModelError(f"{task} needs num_labels or a label map")
     spec = str(model_spec)
+    _check_builtin(kind, spec)
     if spec == TINY_CAUSAL:
-        if task != "sft":
-            raise ModelError(f"{TINY_CAUSAL} is a causal LM; use {TINY_CLASSIFIER} or {MINILM} for classify")
         tok = tiny.tiny_tokenizer()
         model = tiny.tiny_causal_lm(vocab_size or len(tok), seed=seed, pad_token_id=tok.pad_token_id)
         return model.to(dtype), tok
     if spec == TINY_CLASSIFIER:
-        if task != "classify":
-            raise ModelError(f"{TINY_CLASSIFIER} is a classifier; use {TINY_CAUSAL} for sft")
         tok = AutoTokenizer.from_pretrained(tiny.minilm_path(), local_files_only=True)
         model = tiny.tiny_classifier(len(id2label), vocab_size=len(tok), seed=seed, id2label=id2label)
         return model.to(dtype), tok
@@ -83,16 +82,7 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     with torch.random.fork_rng(devices=[]), quiet_transformers():  # a fresh head's init must not move the caller's RNG
         torch.manual_seed(seed)
-        if task == "sft":
-            extra = {"quantization_config": quantization} if quantization is not None else {}
-            model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype, **extra)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = AutoModelForSequenceClassification.from_pretrained(
-                    str(path), local_files_only=True, dtype=dtype, num_labels=len(id2label),
-                    id2label=id2label, label2id={v: k for k, v in id2label.items()},
-                    ignore_mismatched_sizes=True)
+        model = kind.from_pretrained(str(path), dtype=dtype, quantization=quantization, id2label=id2label)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     if getattr(model.config, "pad_token_id", None) is None and tok.pad_token_id is not None:
@@ -106,10 +96,7 @@ def check_model(task: str, model_spec: str) -> Path | None:
     built-in of the other task. Cheap, so a run checks it before reading its shards."""
     spec = str(model_spec)
     if spec in (TINY_CAUSAL, TINY_CLASSIFIER, MINILM):
-        if spec == TINY_CAUSAL and task == "classify":
-            raise ModelError(f"{TINY_CAUSAL} is a causal LM; use {TINY_CLASSIFIER} or {MINILM} for classify")
-        if spec == TINY_CLASSIFIER and task == "sft":
-            raise ModelError(f"{TINY_CLASSIFIER} is a classifier; use {TINY_CAUSAL} for sft")
+        _check_builtin(_task(task), spec)
         return None
     if spec == SMOLLM2:
         from dataguard.train.pretrained import PretrainedError, gguf_source
@@ -156,6 +143,22 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def _task(name: str) -> Task:
+    try:
+        return get_task(name)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+
+
+def _check_builtin(kind: Task, spec: str) -> None:
+    """A built-in tiny model of the other kind is refused: the tiny LM cannot classify, and
+    the tiny classifier cannot generate."""
+    if spec == TINY_CAUSAL and not kind.generates:
+        raise ModelError(f"{TINY_CAUSAL} is a causal LM; use {TINY_CLASSIFIER} or {MINILM} for {kind.name}")
+    if spec == TINY_CLASSIFIER and kind.generates:
+        raise ModelError(f"{TINY_CLASSIFIER} is a classifier; use {TINY_CAUSAL} for {kind.name}")
 
 
 def _id2label(label_map: Any, num_labels: int | None) -> dict[int, str]:
@@ -327,7 +330,7 @@ def apply_lora(model: nn.Module, lora: Mapping[str, Any], task: str) -> tuple[An
         raise ModelError(f"lora.targets {', '.join(missing)} not in the model; its linear modules are: "
                          f"{', '.join(available)}")
     config = LoraConfig(r=r, lora_alpha=float(lora.get("alpha", 2 * r)), lora_dropout=float(lora.get("dropout", 0.0)),
-                        target_modules=targets, task_type="CAUSAL_LM" if task == "sft" else "SEQ_CLS")
+                        target_modules=targets, task_type=_task(task).lora_task_type)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(lora.get("seed", 0)))
         with warnings.catch_warnings():  # peft calls a transformers API deprecated for v6

@@ -24,14 +24,11 @@ from dataguard.train.data import (
     RunShards,
     TrainDataError,
     class_vector,
-    encode_classify,
-    encode_sft,
-    length_cap,
     pack,
-    tokenizer_mismatch,
 )
 from dataguard.train.errors import TrainError
 from dataguard.train.model import check_model, describe_groups, groups_record
+from dataguard.train.tasks import get_task
 from dataguard.train.token_cache import cache_key, cached_encoding
 
 # Settings that decide the schedule, the data order or the parameters: a resume must keep them.
@@ -175,26 +172,12 @@ def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: La
     it on resume and in every process (`dataguard.train.token_cache`). ``context``: the
     model's context length, the cut for SFT rows when neither ``max_length`` nor a length
     stage gives one."""
-    if cfg.task == "sft":
-        cap, counted_by = length_cap(run.manifest)
-        max_length = cfg.max_length or cap
-        if cfg.max_length is None and cap is not None:
-            mismatch = tokenizer_mismatch(counted_by, tokenizer)
-            if mismatch:
-                warn(mismatch)
-        if max_length is None and context:
-            max_length = int(context)
-            warn(f"max_length not set and no length stage ran: rows are cut at the model's context, "
-                 f"{max_length} tokens")
+    kind = get_task(cfg.task)
+    max_length = kind.max_length(cfg.max_length, run.manifest, tokenizer, warn, context)
 
-        def encode(table: pa.Table) -> Encoded:
-            return encode_sft(table, tokenizer, max_length, allow_empty=cache_dir is not None)
-    else:
-        assert label_map is not None
-        max_length = cfg.max_length
-
-        def encode(table: pa.Table) -> Encoded:
-            return encode_classify(table, tokenizer, label_map, max_length, allow_empty=cache_dir is not None)
+    def encode(table: pa.Table) -> Encoded:
+        return kind.encode(table, tokenizer, max_length=max_length, label_map=label_map,
+                           allow_empty=cache_dir is not None)
 
     def split(name: str, idx: np.ndarray) -> Encoded:
         if cache_dir is None:
@@ -203,12 +186,11 @@ def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: La
                         max_length=max_length, classes=label_map.classes if label_map is not None else None)
         enc = cached_encoding(cache_dir / key, name, lambda: run.table.take(idx), encode, cfg.task, note)
         if not len(enc):
-            what = "SFT" if cfg.task == "sft" else "labelled"
-            raise TrainDataError(f"no {what} row left to train on (dropped: {enc.dropped})")
+            raise TrainDataError(f"no {kind.row_noun} row left to train on (dropped: {enc.dropped})")
         return enc
 
     train = split("train", train_idx)
-    if cfg.task == "sft" and cfg.packing:
+    if cfg.packing:  # the config allows it only for PACKING_TASKS
         train = pack(train, max_length)
     val = encode_val(lambda: split("val", val_idx), len(val_idx), warn)
     return train, val, max_length

@@ -51,7 +51,7 @@ def dynamics_summary(run_dir: Path) -> dict[str, Any] | None:
     ids = table.column("id")
     out = {"entries": table.num_rows, "rows": len(ids.unique()), "source": meta["source"], "task": meta["task"],
            "passes": len(table.column("pass").unique())}
-    if meta["task"] == "classify" and table.num_rows:
+    if table.num_rows and table.column("margin").null_count < table.num_rows:  # a task with classes
         import pyarrow.compute as pc
 
         aum = table.group_by("id").aggregate([("margin", "mean")]).column("margin_mean")

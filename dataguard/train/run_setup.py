@@ -45,6 +45,7 @@ from dataguard.train.prepare import (
 )
 from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
 from dataguard.train.snapshot_store import SpillFolder
+from dataguard.train.tasks import get_task
 from dataguard.train.token_cache import FOLDER as TOKEN_CACHE
 
 
@@ -127,7 +128,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     run_dir.mkdir(parents=True, exist_ok=True)
 
     label_map = None
-    if cfg.task == "classify":
+    if get_task(cfg.task).has_classes:
         label_map = LabelMap.from_run(run.table, run.training)
         if latest is not None and resume and (latest / "label_map.json").is_file():
             label_map = LabelMap.load(latest / "label_map.json")
@@ -189,7 +190,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         raise TrainError(f"batch_size {cfg.batch_size} is smaller than the {world} processes; each needs a row")
     kinds = kind_params(raw_model)
     offsets = class_weights = None
-    if cfg.task == "classify":
+    if get_task(cfg.task).has_classes:
         offsets, class_weights = class_tensors(cfg, run, label_map, enc, device, warn)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     gvs = GradVarianceScaler() if cfg.grad_variance_scaling else None

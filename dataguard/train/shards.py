@@ -27,6 +27,7 @@ from dataguard.train.manifest_schema import (
     read_manifest,
     table_labels,
 )
+from dataguard.train.tasks import get_task
 
 WEIGHT_COLUMNS = ("sample_weight", "drift_weight")
 REPEAT_COLUMN = "repeat"
@@ -87,12 +88,12 @@ class RunShards:
         run = cls(folder=folder, manifest=manifest, table=table)
         row_weights(table)  # the weight rule's checks, at load
         row_repeat(table)
-        if task == "classify":
-            if "label" not in table.column_names or table.column("label").null_count == table.num_rows:
-                raise TrainDataError(f"{folder}: task classify needs a 'label' column with values "
-                                     "(input format labelled_text, or aliases: {{your_column: label}})")
-        elif task is not None and task != "sft":
-            raise TrainDataError(f"unknown task {task!r}")
+        if task is not None:
+            try:
+                kind = get_task(task)
+            except ValueError as exc:
+                raise TrainDataError(str(exc)) from None
+            kind.check_table(table, folder)
         return run
 
 

@@ -18,8 +18,8 @@ import torch
 from dataguard.train.data import Encoded
 from dataguard.train.dynamics import pass_of_rows
 from dataguard.train.guard import Verdict
-from dataguard.train.losses import causal_lm_weight_mass, cross_entropy_weight_mass
 from dataguard.train.optim import GradVarianceScaler
+from dataguard.train.tasks import get_task
 
 
 def across_processes(accelerator: Any, loss_share: float, tokens: int, device: Any) -> tuple[float, int]:
@@ -52,15 +52,6 @@ class StepBatches:
         return self.passes[k] if self.passes is not None else [0] * len(self.indices[k])
 
 
-def weight_mass(task: str, batch: dict[str, torch.Tensor], class_weights: torch.Tensor | None = None) -> float:
-    """A collated micro-batch's share of the step's denominator (`dataguard.train.losses`):
-    per row for classify (times the class weight of its target), per supervised token for sft."""
-    if task == "sft":
-        return float(causal_lm_weight_mass(batch["labels"], batch["sample_weight"]))
-    cw = class_weights.detach().cpu() if class_weights is not None else None
-    return float(cross_entropy_weight_mass(batch["labels"], batch["sample_weight"], cw))
-
-
 def draw_step(accelerator: Any, sampler: Any, enc: Encoded, *, task: str, grad_accum: int, pad_id: int,
               rank: int = 0, world: int = 1, class_weights: torch.Tensor | None = None) -> StepBatches:
     """Draw and collate the step's ``grad_accum`` micro-batches up front (every process draws
@@ -77,7 +68,7 @@ def draw_step(accelerator: Any, sampler: Any, enc: Encoded, *, task: str, grad_a
         indices.append(idx)
         passes.append(drawn_in)
         batches.append(enc.collate(idx, pad_id, mult))
-    mass = sum(weight_mass(task, b, class_weights) for b in batches)
+    mass = sum(get_task(task).weight_mass(b, class_weights) for b in batches)
     if world > 1:
         mass = float(accelerator.reduce(torch.tensor([mass], dtype=torch.float64, device=accelerator.device), "sum")[0])
     return StepBatches(indices, batches, mass, float(accelerator.gradient_accumulation_steps * world), passes)

@@ -33,9 +33,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dataguard.io.safe_files import LinkRefused, atomic_writer, open_nofollow, write_atomic
 from dataguard.train.encode import IGNORE_INDEX, Encoded
+from dataguard.train.tasks import get_task
 
 ENCODER_VERSION = 1
 CHUNK_ROWS = 2048
@@ -132,18 +134,24 @@ def _batches(source: Any) -> list[pa.RecordBatch]:
     return [b for b in (reader.get_batch(i) for i in range(reader.num_record_batches)) if b.num_rows]
 
 
+def _per_token(task: str) -> bool:
+    """Labels per token (a loss mask is stored) or one class id per row."""
+    return not get_task(task).has_classes
+
+
 def _schema(task: str) -> pa.Schema:
     fields = [pa.field("input_ids", pa.list_(pa.int32()))]
-    fields.append(pa.field("loss_mask", pa.list_(pa.uint8())) if task == "sft" else pa.field("class_id", pa.int64()))
+    fields.append(pa.field("loss_mask", pa.list_(pa.uint8())) if _per_token(task) else pa.field("class_id", pa.int64()))
     return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("weight", pa.float64()),
                                pa.field("repeat", pa.int64())])
 
 
 def _batch(enc: Encoded, task: str, schema: pa.Schema) -> pa.RecordBatch:
     ids = pa.array(enc.input_ids, type=pa.list_(pa.int32()))
-    if task == "sft":
-        mask = pa.array([[0 if x == IGNORE_INDEX else 1 for x in lab] for lab in enc.labels], pa.list_(pa.uint8()))
-        second = mask
+    if _per_token(task):  # the mask from the flattened labels in one array operation
+        labels = pa.array(enc.labels, type=pa.list_(pa.int64()))
+        flags = pc.cast(pc.not_equal(labels.flatten(), IGNORE_INDEX), pa.uint8())
+        second = pa.ListArray.from_arrays(labels.offsets, flags)
     else:
         second = pa.array(np.asarray(enc.class_ids, dtype=np.int64))
     return pa.record_batch([ids, second, pa.array(enc.row_ids, pa.string()),
@@ -185,11 +193,11 @@ def load(folder: Path, split: str) -> Encoded:
     for batch in batches:
         ids = batch.column("input_ids")
         chunks.append((ids.values.to_numpy(zero_copy_only=True), ids.offsets.to_numpy()))
-        if task == "sft":
+        if _per_token(task):
             masks.append(batch.column("loss_mask").values.to_numpy(zero_copy_only=True))
     input_ids = TokenRows(chunks)
     table = pa.Table.from_batches(batches, schema=_schema(task))
-    if task == "sft":
+    if _per_token(task):
         labels: Any = MaskedLabels(chunks, masks)
         class_ids = None
     else:
