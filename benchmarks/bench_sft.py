@@ -151,8 +151,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "bench_sft"
 MODEL = "smollm2-135m"
 TAGS = ("dup_exact", "dup_near", "url", "loop", "swapped", "truncated", "empty", "overlong", "gsm8k")
 ARMS = {"a": "(a) raw", "b": "(b) sft.yaml + overlap drop", "c": "(b) + hand-off (weights, repeat)"}
-ABLATE = {"no_dedup": "dedup", "no_length": "length", "no_quality": "quality", "no_overlap": "overlap",
-          "consistency_drop": None}
+ABLATE = {"no_dedup": "dedup", "no_near_dedup": "near_dedup", "no_length": "length", "no_quality": "quality",
+          "no_consistency": "consistency", "no_overlap": "overlap"}
 URL_RE = re.compile(r"https?://|www\.[a-z0-9-]+\.[a-z]", re.IGNORECASE)
 WORD_RE = re.compile(r"\w+|[^\w\s]+")
 
@@ -381,9 +381,6 @@ def arm_stages(arm: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     stages = [*sft["stages"], {"overlap": {"references": ["gsm8k_test"], "action": "drop"}}]
     if arm == "c":
         stages.append({"longtail": {"label_column": "source", "resample": "balanced"}})
-    elif arm == "consistency_drop":
-        stages = [{**s, "consistency": {**s["consistency"], "action": "drop"}} if "consistency" in s else s
-                  for s in stages]
     elif arm in ABLATE:
         stages = [s for s in stages if next(iter(s)) != ABLATE[arm]]
     return stages, sft.get("normalize") or {}
@@ -604,7 +601,7 @@ def table(arms: list[str], seeds: list[int], settings: dict[str, Any], pipes: di
         r = json.loads(p.read_text())
         if r["settings"] == settings:
             runs[(r["arm"], r["seed"])] = r
-    names = {**ARMS, **{k: f"(b) without {v}" if v else "(b), consistency action: drop" for k, v in ABLATE.items()},
+    names = {**ARMS, **{k: f"(b) without {v}" for k, v in ABLATE.items()},
              "base": "SmolLM2-135M-Instruct, not fine-tuned"}
     head = "| arm | rows | " + " | ".join(f"{m} mean ± std | per seed" for m, _, _ in METRICS) + " |"
     lines = [head, "|" + "---|" * (2 + 2 * len(METRICS))]
