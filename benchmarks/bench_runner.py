@@ -62,32 +62,27 @@ Whole-process CPU time is ``getrusage(RUSAGE_SELF)`` user + system at the end of
 table) and writes the top functions by cumulative time of the training loop to
 ``profile_<arm>.txt``: where dataguard's extra time per step goes, if any.
 
-Measured at f5c4d7a, i.e. BEFORE cfdc372 (the SFT loss shifts the labels instead of copying
-the logits; not re-measured since), on a 2-core AMD EPYC VM, CPU, torch 2.13, transformers
-5.24, peft 0.21, one process per side, defaults; 8 min wall, 8 min CPU; ``--device cuda`` not
-run yet:
+Last measured 2026-12-02 at commit 22ae05a on a 2-core AMD EPYC VM (the other core busy with
+the token-cache benchmark, then tests), CPU, torch 2.13, one process per side, defaults, 8 min
+wall; ``--device cuda`` not run yet (no GPU was lent):
 
-| arm | dataguard s/step (median / mean) | HF s/step (median / mean) | ratio | dataguard peak RSS | HF peak RSS | ratio |
+| arm | dataguard s/step (median / mean) | HF s/step (median / mean) | ratio (median / mean) | dataguard peak RSS | HF peak RSS | ratio |
 |---|---|---|---|---|---|---|
-| SmolLM2-135M LoRA | 8.97 / 9.09 | 8.37 / 8.45 | 1.07x / 1.08x | 4042 MB | 3348 MB | 1.21x |
-| SmolLM2-135M full | 12.11 / 11.97 | 11.47 / 11.53 | 1.06x / 1.04x | 6388 MB | 4500 MB | 1.42x |
+| SmolLM2-135M LoRA r8 q/k/v/o | 8.561 / 8.551 | 8.713 / 8.674 | 0.98x / 0.99x | 3623 MB | 3425 MB | 1.06x |
+| SmolLM2-135M full fine-tune | 11.332 / 11.918 | 11.225 / 11.056 | 1.01x / 1.08x | 4616 MB | 4482 MB | 1.03x |
 
-Time: within 1.10x, but single steps of one process range over +-15% (7.3-10.1 s for LoRA),
-more than the gap; ``--repeat 3`` narrows it. Memory: over the goal on both arms.
+RSS after the warm-up step: 2789 vs 2828 MB (LoRA), 2937 vs 2933 MB (full).
 
-* LoRA (+0.7 GB): not live tensors. A diagnostic run (guard off, monitor off, TensorBoard off:
-  the same) shows dataguard's RSS growing for the first 4 steps (2.8 -> 3.4 GB) and then
-  flat, where HF's stays at 2.8 GB; ``malloc_trim(0)`` after a step drops dataguard's RSS from
-  2.8 GB to 1.05 GB while the live tensors are 0.52 GB: glibc keeps freed heap memory, and
-  the loop's allocation pattern (not found which part) likely leaves more of it stranded. The loss was not it: dataguard's
-  ``causal_lm_loss`` (before cfdc372) and HF's ``ForCausalLMLoss`` on (4, 256, 49152) logits have the same peak
-  (+0.77 GB) and differ by ~0.1 s per step.
-* Full fine-tune (+1.9 GB): the above, plus live copies of the trainable weights: the guard's
-  verified snapshot from step 0 (621 MB: `trainable_state` clones the tied
-  ``embed_tokens.weight`` / ``lm_head.weight`` matrix twice, 108 MB each), a pending snapshot
-  from step 10 (621 MB) and the monitor's update-ratio buffers, kept from the first monitor
-  step on (513 MB); RSS after the warm-up is already +0.96 GB.
-* Setup: both sides reach the end of step 1 in 15-21 s (dataguard ~1 s sooner).
+History (what closed the memory gap, which was 1.21x LoRA and 1.42x full at f5c4d7a):
+
+* the SFT loss shifts the labels instead of copying the logits, then the lean loss
+  (`dataguard.train.forward`): the head and cross-entropy only on scored positions, in
+  checkpointed chunks; 1,024 tokens per chunk left LoRA at 1.07-1.12x over three runs, 256
+  brought it to 1.04-1.06x (one chunk's logits, log-softmax and gradient are a quarter the size);
+* guard snapshots: only trainable tensors, spilled to ``RUN/_guard/`` on a CPU when over
+  256 MB, memory-mapped back (full: 621 MB x 2 were live before);
+* the monitor's update ratios on a 16k-element sample per tensor instead of a full copy
+  (513 MB before).
 """
 
 from __future__ import annotations
