@@ -20,7 +20,7 @@ from dataguard.train import config_checks as C
 from dataguard.train.config_checks import GUARD_DEFAULTS, Check, Path_
 from dataguard.train.errors import TrainDataError
 from dataguard.train.manifest_schema import preflight
-from dataguard.train.tasks import PACKING_TASKS, TASK_NAMES
+from dataguard.train.tasks import ADAPTER_REFERENCE_TASKS, PACKING_TASKS, TASK_NAMES
 
 
 @dataclass
@@ -73,6 +73,7 @@ class TrainConfig:
     # training dynamics per row, RUN/dynamics.arrow (issue #27; dataguard/train/dynamics*.py)
     dynamics: bool = True
     dynamics_pass: str = "auto"  # auto | train (the step's own forward) | eval (an extra pass per evaluation)
+    dpo_beta: float = 0.1  # task dpo: the temperature of the preference loss (TRL's beta)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy, recorded in the run folder."""
@@ -125,6 +126,7 @@ CHECKS: dict[str, Check] = {
     "faults": C.faults,
     "dynamics": C.boolean,
     "dynamics_pass": C.choice("auto", "train", "eval"),
+    "dpo_beta": C.number(0.0, lo_open=True),
 }
 REQUIRED = ("task", "model", "data")
 assert set(CHECKS) == {f.name for f in fields(TrainConfig)}
@@ -198,6 +200,9 @@ def load_train_config(source: str | Path | dict[str, Any], *,
     if checked.get("min_lr", 0.0) > checked.get("lr", TrainConfig.lr):
         raise loc.error(prefix + ("min_lr",), f"must not exceed lr ({checked.get('lr', TrainConfig.lr):g}), "
                                               f"got {checked['min_lr']:g}")
+    if checked["task"] in ADAPTER_REFERENCE_TASKS and not checked.get("lora"):
+        raise loc.error(prefix + ("task",), f"task {checked['task']} needs lora: (its reference model is the base "
+                                            "with the adapter switched off)")
     if checked.get("packing") and checked["task"] not in PACKING_TASKS:
         raise loc.error(prefix + ("packing",), f"packing applies to task {', '.join(sorted(PACKING_TASKS))} only")
     _check_manifest(checked["data"])

@@ -23,7 +23,8 @@ from dataguard.train.tasks.base import EvalTally, LossSettings
 
 @torch.no_grad()
 def evaluate(model: Any, encoded: Encoded, *, task: str, batch_size: int, pad_id: int,
-             offsets: torch.Tensor | None, logit_adjustment: bool, device: torch.device) -> dict[str, float]:
+             offsets: torch.Tensor | None, logit_adjustment: bool, device: torch.device,
+             beta: float = 0.1) -> dict[str, float]:
     """Unweighted validation loss and accuracy, counted as the task counts them
     (`dataguard.train.tasks.base.Task.eval_batch`); ``balanced_accuracy`` where it has classes.
 
@@ -32,7 +33,7 @@ def evaluate(model: Any, encoded: Encoded, *, task: str, batch_size: int, pad_id
     model = getattr(model, "module", model) if world > 1 else model
     model.eval()
     kind = get_task(task)
-    settings = LossSettings(offsets=offsets, logit_adjustment=logit_adjustment)
+    settings = LossSettings(offsets=offsets, logit_adjustment=logit_adjustment, beta=beta)
     tally = EvalTally()
     for start in range(rank * batch_size, len(encoded), world * batch_size):
         idx = list(range(start, min(start + batch_size, len(encoded))))
@@ -43,6 +44,7 @@ def evaluate(model: Any, encoded: Encoded, *, task: str, batch_size: int, pad_id
     out = {"loss": tally.loss_sum / max(tally.items, 1), "accuracy": tally.correct / max(tally.count, 1)}
     if tally.per_class:
         out["balanced_accuracy"] = float(np.mean([c / t for c, t in tally.per_class.values()]))
+    out.update({k: v / max(tally.items, 1) for k, v in sorted(tally.sums.items())})
     return out
 
 
@@ -59,11 +61,15 @@ def _across_processes(tally: EvalTally, encoded: Encoded, device: torch.device) 
     import torch.distributed as dist
 
     classes = int(np.max(encoded.class_ids)) + 1 if encoded.class_ids is not None and len(encoded) else 0
-    vec = torch.zeros(4 + 2 * classes, dtype=torch.float64, device=device)
+    keys = sorted(tally.sums)  # every process evaluates the same task, so the same keys
+    vec = torch.zeros(4 + 2 * classes + len(keys), dtype=torch.float64, device=device)
     vec[:4] = torch.tensor([tally.loss_sum, tally.items, tally.correct, tally.count], dtype=torch.float64)
     for g, (c, t) in tally.per_class.items():
         vec[4 + 2 * g], vec[5 + 2 * g] = c, t
+    for k, key in enumerate(keys):
+        vec[4 + 2 * classes + k] = tally.sums[key]
     dist.all_reduce(vec)
     out = vec.tolist()
     merged = {g: [int(out[4 + 2 * g]), int(out[5 + 2 * g])] for g in range(classes) if out[5 + 2 * g] > 0}
-    return EvalTally(out[0], int(out[1]), int(out[2]), int(out[3]), merged)
+    sums = {key: out[4 + 2 * classes + k] for k, key in enumerate(keys)}
+    return EvalTally(out[0], int(out[1]), int(out[2]), int(out[3]), merged, sums)

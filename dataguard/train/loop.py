@@ -344,7 +344,7 @@ class Trainer:
               autocast: Any = None) -> ForwardOut:
         cfg = self.cfg
         settings = LossSettings(offsets=offsets, logit_adjustment=cfg.logit_adjustment,
-                                label_smoothing=cfg.label_smoothing, class_weights=class_weights)
+                                label_smoothing=cfg.label_smoothing, class_weights=class_weights, beta=cfg.dpo_beta)
         return get_task(cfg.task).forward(model, batch, settings, denominator=denominator, autocast=autocast)
 
     def _evaluate(self, model: Any, val: Encoded, pad_id: int, offsets: torch.Tensor | None,
@@ -352,7 +352,7 @@ class Trainer:
         """Validation loss and accuracy (`dataguard.train.evaluate.evaluate`)."""
         cfg = self.cfg
         return evaluate(model, val, task=cfg.task, batch_size=cfg.batch_size, pad_id=pad_id, offsets=offsets,
-                        logit_adjustment=cfg.logit_adjustment, device=device)
+                        logit_adjustment=cfg.logit_adjustment, device=device, beta=cfg.dpo_beta)
 
 
 def check_run_folder(run_dir: Path, data: Path) -> None:

@@ -180,7 +180,7 @@ def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: La
                            allow_empty=cache_dir is not None)
 
     def split(name: str, idx: np.ndarray) -> Encoded:
-        if cache_dir is None:
+        if cache_dir is None or not kind.token_cache:
             return encode(run.table.take(idx))
         key = cache_key(task=cfg.task, manifest=run.manifest, indices=idx, tokenizer=tokenizer,
                         max_length=max_length, classes=label_map.classes if label_map is not None else None)

@@ -19,11 +19,14 @@ if TYPE_CHECKING:
 TASK_PATHS: dict[str, str] = {
     "sft": "dataguard.train.tasks.sft:SFTTask",
     "classify": "dataguard.train.tasks.classify:ClassifyTask",
+    "dpo": "dataguard.train.tasks.dpo:DPOTask",
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASK_PATHS)
 # Tasks whose examples are token streams that `packing` can concatenate. A name set, not a
 # class attribute, because the train config checks it before torch is imported.
 PACKING_TASKS: frozenset[str] = frozenset({"sft"})
+# Tasks whose reference model is the base with the LoRA adapter switched off: they need `lora`.
+ADAPTER_REFERENCE_TASKS: frozenset[str] = frozenset({"dpo"})
 
 
 @cache

@@ -36,6 +36,8 @@ class EvalTally:
     correct: int = 0
     count: int = 0
     per_class: dict[int, list[int]] = field(default_factory=dict)
+    # further per-item sums a task reports as their mean over ``items`` (DPO's rewards)
+    sums: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class LossSettings:
     logit_adjustment: bool = False
     label_smoothing: float = 0.0
     class_weights: torch.Tensor | None = None
+    beta: float = 0.1  # a preference task's DPO temperature (``dpo_beta``)
 
 
 class Task(ABC):
@@ -60,6 +63,8 @@ class Task(ABC):
     has_classes: ClassVar[bool]
     # what a kept row is called in "no ... row left to train on"
     row_noun: ClassVar[str]
+    # whether its examples fit the token cache (one sequence per row); else encoded each start
+    token_cache: ClassVar[bool] = True
 
     def check_table(self, table: pa.Table, folder: Path) -> None:  # noqa: B027 (optional hook)
         """Refuse shards this task cannot train on (TrainDataError); called when they are opened."""

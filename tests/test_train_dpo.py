@@ -1,0 +1,111 @@
+"""Preference pairs and DPO as a third task: the real Trainer on the DPO demo's real pairs (the
+tiny causal LM with LoRA), held-out reward accuracy above chance, exact resume, convert, and
+the pairs it cannot use left out with a reason."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from dataguard.config_yaml import ConfigError
+from dataguard.io.readers import InputSpec
+from dataguard.pipeline import Pipeline
+from dataguard.train.config import load_train_config
+from dataguard.train.convert import convert_checkpoint
+from dataguard.train.data import RunShards, TrainDataError
+from dataguard.train.loop import Trainer
+from dataguard.train.tasks import get_task
+from dataguard.train.tiny import tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+PAIRS = REPO / "sample_data" / "dpo_en_demo.head160.json"  # the first 160 rows of LLaMA-Factory's DPO demo
+
+
+@pytest.fixture(scope="module")
+def pair_shards(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dpo") / "out"
+    Pipeline([], workers=1).run([InputSpec(path=str(PAIRS))], out)
+    return out
+
+
+def _cfg(data: Path, out: Path, **kw):
+    values = {"task": "dpo", "model": "tiny-causal-lm", "data": str(data), "output": str(out), "max_steps": 30,
+              "batch_size": 4, "lr": 1e-3, "max_length": 1024, "eval_fraction": 0.2, "eval_every": 15,
+              "save_every": 15, "tensorboard": False, "device": "cpu", "seed": 0, "lora": {"r": 8}}
+    values.update(kw)
+    return load_train_config(values)
+
+
+def _evals(run: Path) -> list[dict]:
+    return [m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in m]
+
+
+def test_dpo_learns_the_held_out_preference_resumes_exactly_and_converts(pair_shards, tmp_path):
+    straight = Trainer(_cfg(pair_shards, tmp_path / "straight"), progress=False).fit()
+    assert straight.steps == 30 and straight.skipped_steps == 0
+    evals = _evals(tmp_path / "straight")
+    last = evals[-1]
+    # before training policy == reference: every pair's loss is ln 2 and no reward is higher
+    assert last["eval_loss"] < math.log(2) - 0.05
+    assert last["eval_accuracy"] > 0.5 and last["eval_reward_margin"] > 0
+    assert last["eval_reward_chosen"] > last["eval_reward_rejected"]
+    record = json.loads((tmp_path / "straight" / "run.json").read_text())
+    assert record["val_examples"] >= 20 and record["train_examples"] >= 100
+    # rows whose prompt fills max_length leave no response token on one side: counted, not lost
+    table = RunShards.open(pair_shards).table
+    every = get_task("dpo").encode(table, tiny_tokenizer(), max_length=1024, label_map=None, allow_empty=False)
+    assert len(every) + sum(every.dropped.values()) == table.num_rows
+    assert record["train_examples"] + record["val_examples"] == len(every)
+    assert record["dropped"]["chosen_no_assistant_tokens_after_truncation"] > 0
+
+    # stopped at 15 and resumed: the same evaluations as the straight run, bit for bit
+    Trainer(_cfg(pair_shards, tmp_path / "resumed"), progress=False).fit(stop_after=15)
+    Trainer(_cfg(pair_shards, tmp_path / "resumed"), progress=False).fit(resume=True)
+    assert _evals(tmp_path / "resumed") == evals
+
+    model_dir = convert_checkpoint(tmp_path / "straight", tmp_path / "merged", "newest")
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_unusable_pairs_are_left_out_with_a_reason(tmp_path):
+    rows = [
+        {"conversations": [{"from": "human", "value": "Name a colour."}], "chosen": {"from": "gpt", "value": "Blue."},
+         "rejected": {"from": "gpt", "value": "I will not."}},
+        {"conversations": [{"from": "human", "value": "Name a fruit."}], "chosen": {"from": "gpt", "value": "A pear."},
+         "rejected": {"from": "gpt", "value": "A  pear. "}},  # the same answer after whitespace
+        {"conversations": [{"from": "human", "value": "Name a city."}], "chosen": {"from": "gpt", "value": "Oslo."},
+         "rejected": {"from": "gpt", "value": "   "}},
+        {"conversations": [{"from": "human", "value": "Name a river."}, {"from": "gpt", "value": "The Nile."}]},
+    ]
+    src = tmp_path / "pairs.json"
+    src.write_text(json.dumps(rows))
+    Pipeline([], workers=1).run([InputSpec(path=str(src))], tmp_path / "out")
+    run = RunShards.open(tmp_path / "out")
+    pairs = get_task("dpo").encode(run.table, tiny_tokenizer(), max_length=256, label_map=None, allow_empty=False)
+    assert len(pairs) == 1 and pairs.row_ids == [run.table.column("id")[0].as_py()]
+    assert pairs.dropped == {"identical_pair": 1, "empty_rejected": 1, "no_rejected_response": 1}
+    batch = pairs.collate([0, 0], pad_id=0)
+    assert batch["input_ids"].shape[0] == 4 and batch["sample_weight"].shape == (2,)  # chosen rows, then rejected
+    chosen, rejected = batch["labels"][0], batch["labels"][2]
+    assert not torch.equal(chosen, rejected) and (chosen != -100).any() and (rejected != -100).any()
+
+
+def test_dpo_without_lora_is_one_config_line(tmp_path):
+    spec = tmp_path / "t.yaml"
+    spec.write_text("task: dpo\nmodel: tiny-causal-lm\ndata: d\noutput: o\n")
+    with pytest.raises(ConfigError) as err:
+        load_train_config(spec)
+    text = str(err.value)
+    assert "\n" not in text and "t.yaml" in text and "task" in text and "lora" in text
+
+
+def test_shards_without_pairs_are_refused_before_training(alpaca_shards, tmp_path):
+    with pytest.raises(TrainDataError, match="needs preference pairs"):
+        Trainer(_cfg(alpaca_shards, tmp_path / "run"), progress=False).fit()
