@@ -98,7 +98,9 @@ def test_prompt_scope_finds_repeated_prompts(real_data: Path) -> None:
     expected = expected_full = 0
     for rec in records:
         k = json.dumps(rec["conversations"])
-        full = json.dumps([rec["conversations"], rec["chosen"]["value"]])
+        # a pair is its prompt and the SET of its two responses (stripped)
+        full = json.dumps([rec["conversations"], sorted([rec["chosen"]["value"].strip(),
+                                                         rec["rejected"]["value"].strip()])])
         expected += k in seen
         expected_full += full in seen_full
         seen.add(k)
@@ -108,6 +110,36 @@ def test_prompt_scope_finds_repeated_prompts(real_data: Path) -> None:
     full_outs, _ = run_stage(DedupStage(scope="messages"), table, batch_rows=64)
     assert sum(r["is_duplicate"] for r in kept_rows(prompt_outs)) == expected == 1  # first 160 rows (5 in all 300)
     assert sum(r["is_duplicate"] for r in kept_rows(full_outs)) == expected_full
+
+
+def test_a_preference_pair_repeated_with_its_labels_swapped_is_caught_before_training(real_data: Path,
+                                                                                       tmp_path: Path) -> None:
+    """The real DPO demo plus three planted copies: one with chosen and rejected exchanged (the
+    same comparison judged both ways), one exact, and one with only the rejected response
+    changed (a different pair, kept)."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+    from dataguard.train.data import RunShards
+    from dataguard.train.tasks import get_task
+    from dataguard.train.tiny import tiny_tokenizer
+
+    records = json.loads((real_data / "sharegpt_dpo_demo/dpo_en_demo.head160.json").read_text(encoding="utf-8"))[:40]
+    first = records[3]
+    swapped = {**first, "chosen": first["rejected"], "rejected": first["chosen"]}
+    other = {**first, "rejected": {"from": "gpt", "value": "A different rejected answer."}}
+    src = tmp_path / "pairs.json"
+    src.write_text(json.dumps([*records, swapped, dict(first), other]))
+    out = tmp_path / "out"
+    Pipeline([DedupStage(action="drop")], workers=1).run([InputSpec(path=str(src))], out)
+    run = RunShards.open(out, task="dpo")
+    rejected = pa.ipc.open_stream(next((out / "rejected").glob("*.arrow"))).read_all().to_pylist()
+    by_id = {r["id"]: r for r in rejected}
+    assert {"pairs.json:40", "pairs.json:41"} <= set(by_id)  # the swapped copy and the exact copy
+    assert all(r["reason"] == "exact_duplicate" and "pairs.json:3" in r["detail"] for r in
+               (by_id["pairs.json:40"], by_id["pairs.json:41"]))
+    assert "pairs.json:42" in set(run.table.column("id").to_pylist())  # another rejected answer: another pair
+    pairs = get_task("dpo").encode(run.table, tiny_tokenizer(), max_length=2048, label_map=None, allow_empty=False)
+    assert "pairs.json:40" not in pairs.row_ids and "pairs.json:3" in pairs.row_ids
 
 
 def test_whitespace_is_normalised_but_roles_matter() -> None:

@@ -10,6 +10,12 @@ them in its input: glaive_toolcall has 38 repeated conversations, of which 3 com
 different tool lists, so 35 are exact duplicates (as its SOURCE.md counts); an empty tool
 list (``[]`` or ``""``) counts as none. The label is not hashed: the same text
 under two labels is a duplicate here (the label-noise stage deals with the conflict).
+A preference pair (the chosen response as the final assistant turn, the rejected one in
+``meta["rejected"]``) is hashed, in scope ``messages``, as its prompt turns and the SET of its
+two responses: two pairs that differ only in the rejected response are different examples,
+and a pair repeated with its labels swapped (chosen and rejected exchanged: the same
+comparison, judged both ways) is caught as a copy of the first, so preference training never
+sees both.
 
 In a pipeline run the fit is one round of hash-range tasks (`dedup_rounds`: the driver holds
 no hash), with the same result as the in-memory path below.
@@ -83,7 +89,10 @@ def content_hashes(table: pa.Table, scope: str = "messages") -> np.ndarray:
         tools = tools_key(metas[i])
         if tools:
             h.update(b"tools\x1f" + tools.encode("utf-8", "surrogatepass") + b"\x1e")
-        for j in range(offsets[i], offsets[i + 1]):
+        end = offsets[i + 1]
+        rejected = rejected_response(metas[i]) if wanted is None else None
+        pair = rejected is not None and end > offsets[i] and roles[end - 1] == "assistant"
+        for j in range(offsets[i], end - 1 if pair else end):
             role = roles[j]
             if wanted is not None and role not in wanted:
                 continue
@@ -91,6 +100,9 @@ def content_hashes(table: pa.Table, scope: str = "messages") -> np.ndarray:
             h.update(b"\x1f")
             h.update((contents[j] or "").encode("utf-8", "surrogatepass"))
             h.update(b"\x1e")
+        if pair:  # the two responses as a set: a pair and its copy with the labels swapped match
+            for text in sorted([contents[end - 1] or "", str(rejected).strip()]):
+                h.update(b"pair\x1f" + text.encode("utf-8", "surrogatepass") + b"\x1e")
         out[i] = int.from_bytes(h.digest(), "little")
     return out
 
@@ -101,7 +113,8 @@ class DedupStage(Stage):
     name = "dedup"
     needs_fit = True
     constraints = {"action": [Options(*ACTIONS)], "scope": [Options(*SCOPES)]}
-    reasons = {REASON: "an exact copy of an earlier row (each turn stripped of surrounding whitespace)"}
+    reasons = {REASON: "an exact copy of an earlier row (each turn stripped of surrounding whitespace; a preference "
+                       "pair's two responses as a set, so a copy with chosen and rejected swapped counts)"}
     rows_per_task = ROWS_PER_TASK  # an instance may set fewer (tests: several hash ranges on small data)
 
     def __init__(self, *, action: str = "flag", scope: str = "messages") -> None:
@@ -206,6 +219,17 @@ class DedupStage(Stage):
                         "scope": self.scope, "action": self.action},
             "blocks": blocks,
         }
+
+
+def rejected_response(meta: str | None) -> str | None:
+    """A preference row's rejected response (``meta["rejected"]``, where the normaliser keeps
+    it), None for other rows."""
+    if not meta or '"rejected"' not in meta:
+        return None
+    rejected = json.loads(meta).get("rejected")
+    if isinstance(rejected, dict):
+        rejected = rejected.get("value", rejected.get("content"))
+    return rejected if isinstance(rejected, str) else None
 
 
 def tools_key(meta: str | None) -> str | None:
