@@ -128,7 +128,7 @@ def step_seconds(run: Path, skip: int = 3) -> list[float]:
 
 def _timed_recorder() -> dict[str, float]:
     """Wrap the recorder's methods so the seconds spent in them add up in the returned dict."""
-    from dataguard.train import dynamics as dyn_mod
+    from dataguard.train.dynamics import recorder as dyn_mod
 
     spent = {"seconds": 0.0}
     for name in ("record", "write_local", "state_tensors", "gather", "write"):

@@ -76,7 +76,7 @@ RSS after the warm-up step: 2789 vs 2828 MB (LoRA), 2937 vs 2933 MB (full).
 History (what closed the memory gap, which was 1.21x LoRA and 1.42x full at f5c4d7a):
 
 * the SFT loss shifts the labels instead of copying the logits, then the lean loss
-  (`dataguard.train.forward`): the head and cross-entropy only on scored positions, in
+  (`dataguard.train.optim.forward`): the head and cross-entropy only on scored positions, in
   checkpointed chunks; 1,024 tokens per chunk left LoRA at 1.07-1.12x over three runs, 256
   brought it to 1.04-1.06x (one chunk's logits, log-softmax and gradient are a quarter the size);
 * guard snapshots: only trainable tensors, spilled to ``RUN/_guard/`` on a CPU when over
@@ -189,8 +189,8 @@ def _encoded(cfg: Any, tokenizer: Any) -> tuple[Any, list[list[int]]]:
     import numpy as np
 
     from dataguard.train.data import RunShards, curriculum_unit, run_split
+    from dataguard.train.data.sampler import CurriculumSampler, steps_per_epoch
     from dataguard.train.prepare import encode_split
-    from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
 
     run = RunShards.open(cfg.data, task=cfg.task)
     train_idx, val_idx, _ = run_split(run, cfg.eval_fraction, cfg.seed)
@@ -248,7 +248,7 @@ def run_hf(args: argparse.Namespace, data: Path, run_dir: Path, arm: str) -> dic
         TrainingArguments,
     )
 
-    from dataguard.train.pretrained import pretrained_path
+    from dataguard.train.model.pretrained import pretrained_path
 
     stop = args.warmup + args.steps
     stamps = Stamps(args.device == "cuda", args.warmup)
@@ -441,7 +441,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     OUT.mkdir(parents=True, exist_ok=True)
-    from dataguard.train.pretrained import pretrained_path
+    from dataguard.train.model.pretrained import pretrained_path
 
     print(f"model folder: {pretrained_path(MODEL)}", flush=True)  # built once, before any timed process
     data = _data()

@@ -394,7 +394,7 @@ def run_pipeline(arm: str, inputs: list[dict[str, str]], tags: dict[str, str]) -
 
     from dataguard.config import load_config
     from dataguard.io.safe_files import write_atomic
-    from dataguard.train.shards import RunShards
+    from dataguard.train.data.shards import RunShards
 
     out, yaml_path = RESULTS / f"pipeline_{arm}", RESULTS / f"pipeline_{arm}.yaml"
     stages, normalize = arm_stages(arm)
@@ -538,7 +538,7 @@ def load_model_base() -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dataguard.train.pretrained import pretrained_path
+    from dataguard.train.model.pretrained import pretrained_path
 
     path = pretrained_path(MODEL)
     return (AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval(),

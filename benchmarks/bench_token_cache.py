@@ -82,8 +82,8 @@ def make_data(work: Path, tokens: int) -> Path:
 def side(data: Path, cache: Path | None) -> dict[str, float]:
     from dataguard.train.config import load_train_config
     from dataguard.train.data import RunShards, run_split
+    from dataguard.train.data.sampler import CurriculumSampler
     from dataguard.train.prepare import encode_split
-    from dataguard.train.sampler import CurriculumSampler
 
     cfg = load_train_config({"task": "sft", "model": "smollm2-135m", "data": str(data), "output": "unused",
                              "max_length": 512})
@@ -109,7 +109,7 @@ def side(data: Path, cache: Path | None) -> dict[str, float]:
 
 
 def _tokenizer():
-    from dataguard.train.model import load_model
+    from dataguard.train.model.build import load_model
 
     return load_model("sft", "smollm2-135m")[1]
 

@@ -17,8 +17,8 @@ from dataguard.cli_common import EXIT_FAILED, CliError, check_output
 def train_command(args: argparse.Namespace) -> int:
     from dataguard.config_yaml import ConfigError
     from dataguard.train.config import load_train_config
-    from dataguard.train.metrics_log import step_lines
     from dataguard.train.prepare import absolute_paths, preflight
+    from dataguard.train.report.metrics_log import step_lines
 
     overrides: dict[str, Any] = {}
     if args.output:
@@ -115,7 +115,7 @@ def _one_line_warnings() -> Iterator[None]:
 
 
 def _build_training_report(run: Path, html: Path | None = None) -> Path:
-    from dataguard.train.report import ReportInputError, build_training_report
+    from dataguard.train.report.page import ReportInputError, build_training_report
 
     try:
         return build_training_report(run, html)
@@ -153,9 +153,9 @@ def _train_errors() -> tuple[type[Exception], ...]:
     from dataguard.train.checkpoint import CheckpointError
     from dataguard.train.convert import ConvertError
     from dataguard.train.data import TrainDataError
+    from dataguard.train.data.sampler import SamplerError
     from dataguard.train.loop import TrainError
-    from dataguard.train.model import ModelError
-    from dataguard.train.sampler import SamplerError
+    from dataguard.train.model.build import ModelError
 
     return (TrainError, TrainDataError, ModelError, CheckpointError, ConvertError, SamplerError)
 

@@ -120,8 +120,8 @@ def test_a_preference_pair_repeated_with_its_labels_swapped_is_caught_before_tra
     from dataguard.io.readers import InputSpec
     from dataguard.pipeline import Pipeline
     from dataguard.train.data import RunShards
+    from dataguard.train.model.tiny import tiny_tokenizer
     from dataguard.train.tasks import get_task
-    from dataguard.train.tiny import tiny_tokenizer
 
     records = json.loads((real_data / "sharegpt_dpo_demo/dpo_en_demo.head160.json").read_text(encoding="utf-8"))[:40]
     first = records[3]

@@ -18,7 +18,7 @@ from dataguard.pipeline import Pipeline
 from dataguard.stages.noise import NoiseStage
 from dataguard.train.config import load_train_config
 from dataguard.train.data import RunShards
-from dataguard.train.dynamics_file import read_dynamics
+from dataguard.train.dynamics.file import read_dynamics
 from dataguard.train.loop import Trainer
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,7 +30,7 @@ from dataguard.train.checkpoint import (
     rotate,
 )
 from dataguard.train.convert import convert_checkpoint
-from dataguard.train.weights import ConvertError
+from dataguard.train.model.weights import ConvertError
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "the user's own file, not dataguard's\n"

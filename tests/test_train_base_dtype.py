@@ -11,12 +11,12 @@ import torch
 from safetensors import safe_open
 
 from dataguard.config_yaml import ConfigError
-from dataguard.train.base_dtype import base_dtype, convert_dtype
 from dataguard.train.checkpoint import latest_checkpoint
 from dataguard.train.config import load_train_config
 from dataguard.train.convert import convert_checkpoint
 from dataguard.train.errors import TrainError
 from dataguard.train.loop import Trainer
+from dataguard.train.model.base_dtype import base_dtype, convert_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 

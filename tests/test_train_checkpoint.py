@@ -22,8 +22,8 @@ from dataguard.train.checkpoint import (
     save_checkpoint,
 )
 from dataguard.train.convert import ConvertError, load_state_into
-from dataguard.train.model import apply_lora, load_model
-from dataguard.train.optim import build_optimizer, warmup_cosine
+from dataguard.train.model.build import apply_lora, load_model
+from dataguard.train.optim.optimizer import build_optimizer, warmup_cosine
 
 CFG = SimpleNamespace(lr=1e-3, weight_decay=0.01, lr_multipliers=None, lr_patterns=None)
 

@@ -35,7 +35,7 @@ from dataguard.train.data import (
     tokenizer_mismatch,
     validation_sources,
 )
-from dataguard.train.sampler import CurriculumSampler, SamplerError, steps_per_epoch
+from dataguard.train.data.sampler import CurriculumSampler, SamplerError, steps_per_epoch
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_data"

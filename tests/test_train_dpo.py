@@ -18,8 +18,8 @@ from dataguard.train.config import load_train_config
 from dataguard.train.convert import convert_checkpoint
 from dataguard.train.data import RunShards, TrainDataError
 from dataguard.train.loop import Trainer
+from dataguard.train.model.tiny import tiny_tokenizer
 from dataguard.train.tasks import get_task
-from dataguard.train.tiny import tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "sample_data" / "dpo_en_demo.head160.json"  # the first 160 rows of LLaMA-Factory's DPO demo

@@ -20,7 +20,7 @@ from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.report.fmt import row_anchor
 from dataguard.train.config import load_train_config
-from dataguard.train.dynamics_file import SCHEMA, DynamicsFileError, read_dynamics
+from dataguard.train.dynamics.file import SCHEMA, DynamicsFileError, read_dynamics
 from dataguard.train.loop import Trainer
 
 REPO = Path(__file__).resolve().parent.parent

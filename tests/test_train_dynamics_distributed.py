@@ -12,7 +12,7 @@ from test_train_distributed import _launch
 
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
-from dataguard.train.dynamics_file import read_dynamics
+from dataguard.train.dynamics.file import read_dynamics
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -131,7 +131,7 @@ def test_run_json_records_absolute_paths_and_resume_works_from_another_directory
 
 
 def test_a_model_folder_given_relative_is_recorded_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dataguard.train.tiny import minilm_path
+    from dataguard.train.model.tiny import minilm_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m").symlink_to(minilm_path(), target_is_directory=True)

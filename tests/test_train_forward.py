@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from dataguard.train.forward import lean_parts, lm_loss_lean
-from dataguard.train.losses import causal_lm_loss
-from dataguard.train.model import apply_lora
+from dataguard.train.model.build import apply_lora
+from dataguard.train.model.tiny import tiny_causal_lm
+from dataguard.train.optim.forward import lean_parts, lm_loss_lean
+from dataguard.train.optim.losses import causal_lm_loss
 from dataguard.train.tasks import get_task
 from dataguard.train.tasks.base import LossSettings
-from dataguard.train.tiny import tiny_causal_lm
 
 
 def _batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -97,7 +97,7 @@ def test_soft_capped_and_ddp_models_take_the_plain_path():
 
 
 def test_classify_reports_raw_logits_and_row_losses():
-    from dataguard.train.tiny import tiny_classifier
+    from dataguard.train.model.tiny import tiny_classifier
 
     model = tiny_classifier(4, vocab_size=100, seed=0)
     ids = torch.randint(1, 100, (5, 9), generator=torch.Generator().manual_seed(0))

@@ -22,9 +22,9 @@ from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.train.checkpoint import complete_checkpoints, latest_checkpoint, read_weights
 from dataguard.train.config import load_train_config
-from dataguard.train.guard import Guard, robust_z
 from dataguard.train.loop import TrainDiverged, Trainer, TrainError
-from dataguard.train.monitor import layer_of
+from dataguard.train.stability.guard import Guard, robust_z
+from dataguard.train.stability.monitor import layer_of
 
 REPO = Path(__file__).resolve().parent.parent
 GUARD = {"snapshot_every": 2, "max_anomalies": 2, "anomaly_window": 5, "verify_steps": 1}
@@ -194,7 +194,7 @@ def test_too_many_rollbacks_stop_with_a_diagnosis(data, tmp_path, capsys):
 
 _KILLER = """
 import os, signal, sys
-from dataguard.train import guard
+from dataguard.train.stability import guard
 from dataguard.train.config import load_train_config
 from dataguard.train.loop import Trainer
 real = guard.Guard.roll_back
@@ -247,7 +247,7 @@ def test_histograms_sample_a_large_layer_and_scale_the_counts_back():
     """A 2M-entry gradient (an embedding of a large vocabulary) is read through a seeded
     sample, never copied whole; the counts still add up to about the layer's size and keep
     its shape."""
-    from dataguard.train.monitor import HIST_SAMPLE, Monitor
+    from dataguard.train.stability.monitor import HIST_SAMPLE, Monitor
 
     model = torch.nn.Sequential(torch.nn.Embedding(40_000, 50), torch.nn.Linear(50, 4))
     gen = torch.Generator().manual_seed(0)

@@ -23,8 +23,8 @@ from dataguard.train.config import load_train_config
 from dataguard.train.convert import convert_checkpoint, find_checkpoint
 from dataguard.train.errors import TrainDiverged
 from dataguard.train.evaluate import evaluate
-from dataguard.train.guard import Guard, Verdict
 from dataguard.train.loop import Trainer
+from dataguard.train.stability.guard import Guard, Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 40
@@ -115,7 +115,7 @@ def test_lr_spike_rolls_back_to_a_verified_state_and_convert_takes_the_best(data
     from transformers import AutoModelForCausalLM
 
     from dataguard.train.data import RunShards, run_split
-    from dataguard.train.model import load_model
+    from dataguard.train.model.build import load_model
     from dataguard.train.prepare import encode_split
 
     model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
@@ -148,7 +148,7 @@ def test_a_run_that_ends_worse_than_its_best_warns_and_names_the_best(data, tmp_
         Trainer(cfg).fit()
     summary = json.loads((run / "run.json").read_text())
     assert "worse than the best" in summary["final_warning"] and "step-0000" in summary["final_warning"]
-    from dataguard.train.report_model import collect
+    from dataguard.train.report.page_data import collect
 
     assert collect(run)["status"] == "worse_than_best"
 
@@ -254,7 +254,7 @@ def test_sft_eval_loss_is_the_token_mean_whatever_the_batch_size(data):
     """Rows of unequal length: a mean of per-batch means moved with batch_size; the token mean
     does not (and equals the hand-computed mean over every supervised token)."""
     from dataguard.train.data import RunShards, run_split
-    from dataguard.train.model import load_model
+    from dataguard.train.model.build import load_model
     from dataguard.train.prepare import encode_split
 
     torch.manual_seed(0)

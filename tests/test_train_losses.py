@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dataguard.train.losses import (
+from dataguard.train.optim.losses import (
     causal_lm_loss,
     causal_lm_weight_mass,
     clean_offsets,

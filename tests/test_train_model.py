@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from dataguard.train.model import (
+from dataguard.train.model.build import (
     ModelError,
     apply_lora,
     describe_groups,
@@ -17,7 +17,7 @@ from dataguard.train.model import (
     module_kind,
     param_groups,
 )
-from dataguard.train.optim import (
+from dataguard.train.optim.optimizer import (
     ClipResult,
     GradVarianceScaler,
     build_optimizer,
@@ -281,7 +281,7 @@ def test_grad_variance_scaler_damps_noisy_gradients():
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    from dataguard.train.model import enable_gradient_checkpointing
+    from dataguard.train.model.build import enable_gradient_checkpointing
 
     ids = torch.randint(0, 250, (2, 16))
     grads = []

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dataguard.train.monitor import UPDATE_SAMPLE, Monitor, update_sample
-from dataguard.train.tiny import tiny_causal_lm
+from dataguard.train.model.tiny import tiny_causal_lm
+from dataguard.train.stability.monitor import UPDATE_SAMPLE, Monitor, update_sample
 
 
 def _exact(model, before):

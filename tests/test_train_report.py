@@ -1,4 +1,4 @@
-"""The training report (dataguard/train/report.py): built from a real tiny CPU run that has
+"""The training report (dataguard/train/report/page.py): built from a real tiny CPU run that has
 only today's files, and from a synthetic rich run folder with every optional file of the
 monitor and the guard (events with a rollback, per-layer norms, histograms, diagnosis).
 Payloads planted in row ids, causes and layer names must come out as text; the page is
@@ -17,8 +17,8 @@ import pytest
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.report import build_report
-from dataguard.train.report import build_training_report
-from dataguard.train.report_model import ReportInputError
+from dataguard.train.report.page import build_training_report
+from dataguard.train.report.page_data import ReportInputError
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
@@ -201,7 +201,7 @@ def test_rich_run_report_has_every_section_and_marker(rich_run):
 
 
 def test_rollback_rerun_uses_the_last_record(rich_run):
-    from dataguard.train.report_model import collect
+    from dataguard.train.report.page_data import collect
 
     m = collect(rich_run)
     by_step = {r["step"]: r for r in m["train"]}
@@ -290,7 +290,7 @@ def test_long_run_page_stays_small(tmp_path):
 
 
 def test_thinning_keeps_spikes_and_nonfinite_points():
-    from dataguard.train.report_svg import thin
+    from dataguard.train.report.svg import thin
 
     pts = [(i, 1.0) for i in range(1, 50001)]
     pts[12344] = (12345, 43.0)

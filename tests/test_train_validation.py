@@ -27,8 +27,8 @@ from dataguard.config_yaml import Located
 from dataguard.train import config_checks as C
 from dataguard.train.config import CHECKS, TrainConfig, load_train_config
 from dataguard.train.data import RunShards, class_vector, curriculum_schedule
-from dataguard.train.labels import LabelMap
-from dataguard.train.manifest_schema import ManifestError
+from dataguard.train.data.labels import LabelMap
+from dataguard.train.data.manifest_schema import ManifestError
 from dataguard.train.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
@@ -291,7 +291,7 @@ def tokenizer():
     """The built-in tiny classifier's tokenizer (offline MiniLM WordPiece)."""
     from transformers import AutoTokenizer
 
-    from dataguard.train.tiny import minilm_path
+    from dataguard.train.model.tiny import minilm_path
 
     return AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
 

@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from dataguard.io.readers import InputSpec, file_sha256
 from dataguard.io.writer import read_table, write_table
 from dataguard.pipeline import Pipeline
-from dataguard.train import loop, tiny
+from dataguard.train import loop
 from dataguard.train.config import load_train_config
 from dataguard.train.data import LabelMap, RunShards
 from dataguard.train.loop import Trainer
+from dataguard.train.model import tiny
 from dataguard.train.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
@@ -202,7 +203,8 @@ _DRIVER = """
 import json, os, sys
 from pathlib import Path
 import torch
-from dataguard.train import loop, tiny
+from dataguard.train import loop
+from dataguard.train.model import tiny
 from dataguard.train.config import load_train_config
 
 real_cls, real_clip = tiny.tiny_classifier, loop.clip_gradients

@@ -1,6 +1,6 @@
 """Rows flagged from a training run's dynamics (the noise stage's ``inputs: dynamics``).
 
-The runner writes ``RUN/dynamics.arrow`` (`dataguard.train.dynamics_file`): per row and pass,
+The runner writes ``RUN/dynamics.arrow`` (`dataguard.train.dynamics.file`): per row and pass,
 the gold-label probability, the margin (gold logit minus the largest other) and the loss.
 Two per-row scores come from it, averaged over the passes:
 
@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataguard.noise.confident import NoiseEstimate, budget_count, limit_flags, protect_rare_classes
-from dataguard.train.dynamics_file import DynamicsFileError, read_dynamics
+from dataguard.train.dynamics.file import DynamicsFileError, read_dynamics
 
 SCORES = ("aum", "cartography")
 HARD_TO_FIT_Z = 3.5

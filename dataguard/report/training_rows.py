@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from dataguard.report.fmt import esc, num, row_anchor
 from dataguard.report.records import render_record, snippet
-from dataguard.train.dynamics_rows import NOT_SCORES, quarantined
+from dataguard.train.dynamics.rows import NOT_SCORES, quarantined
 
 MAX_ROWS = 500
 MAX_TEXT = 4000

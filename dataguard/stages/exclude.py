@@ -27,7 +27,7 @@ from dataguard.params import ListOf, Satisfies
 from dataguard.records import reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.tally import Tally
-from dataguard.train.dynamics_rows import quarantined
+from dataguard.train.dynamics.rows import quarantined
 
 REASON = "training_anomaly"
 MAX_EXAMPLES = 20

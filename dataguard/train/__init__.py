@@ -1,12 +1,13 @@
 """The bundled training runner: fine-tunes on what a pipeline wrote (shards + manifest.json).
 
-It reads only the run folder and imports nothing from `dataguard.stages`. Modules:
-`config` (the ``train:`` settings), `data` (shards -> tokenized examples, the weight rule),
-`sampler` (seeded, resumable curriculum sampler), `losses` (logit-adjusted CE, causal LM),
-`model`/`tiny` (loading, LoRA, parameter groups), `optim` (AdamW groups, schedule, clipping),
-`checkpoint` (atomic save/load, rotation), `run_setup`/`prepare` (everything before the first
-step), `loop` (the step loop), `evaluate`, `metrics_log`, `monitor`/`guard`/`respond`/`faults`
-(detect, skip, roll back, stop; fault injection), `report*` (the training page), `convert`.
+It reads only the run folder and imports nothing from `dataguard.stages`. At the top:
+`config` (the ``train:`` settings, checked in `config_checks`), `loop` (the step loop),
+`checkpoint` (atomic save/load, rotation, verification), `run_setup`/`prepare` (everything
+before the first step), `step` (one optimizer step), `evaluate`, `convert`, `rng`, `errors`.
+Sub-packages by job: `tasks` (what differs per task: sft, classify, dpo), `data` (shards ->
+examples, the weight rule, the sampler), `model` (loading, dtype, LoRA, groups), `optim`
+(losses, the lean forward, optimizer and clipping), `stability` (monitor, guard, faults),
+`report` (metrics, events, the training page), `dynamics` (per-row training dynamics).
 Names are imported lazily so that reading a config does not import torch.
 """
 
@@ -20,9 +21,9 @@ _EXPORTS = {
     "RunShards": "data", "Encoded": "data", "LabelMap": "data", "TrainDataError": "data",
     "encode_sft": "data", "encode_classify": "data", "length_cap": "data", "split_validation": "data",
     "run_split": "data",
-    "CurriculumSampler": "sampler",
-    "Trainer": "loop", "evaluate": "evaluate", "build_training_report": "report",
-    "logit_adjusted_cross_entropy": "losses", "posthoc_adjust": "losses", "causal_lm_loss": "losses",
+    "CurriculumSampler": "data.sampler",
+    "Trainer": "loop", "evaluate": "evaluate", "build_training_report": "report.page",
+    "logit_adjusted_cross_entropy": "optim.losses", "posthoc_adjust": "optim.losses", "causal_lm_loss": "optim.losses",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -35,13 +35,13 @@ import torch
 
 from dataguard.io.readers import file_sha256
 from dataguard.io.safe_files import disk_full, no_space_error, write_atomic
+from dataguard.train.model.weights import load_state_into
 from dataguard.train.rng import capture_rng, restore_rng  # noqa: F401 - restore_rng: callers import it here
-from dataguard.train.weights import load_state_into
 
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
-VERIFIED = "VERIFIED"  # written once the guard verified the checkpoint's state (dataguard.train.guard)
-GUARD_SNAPSHOT = "guard_snapshot.safetensors"  # the guard's snapshots (dataguard.train.guard_resume), not weights
+VERIFIED = "VERIFIED"  # written once the guard verified the checkpoint's state (dataguard.train.stability.guard)
+GUARD_SNAPSHOT = "guard_snapshot.safetensors"  # the guard's snapshots (dataguard.train.stability.guard_resume), not weights
 SAVING = ".saving"  # the name of the temp folder a save is writing, written before the folder
 _NAME = re.compile(r"^step-(\d{6,})$")
 _TMP_NAME = re.compile(r"^step-\d{6,}\.tmp-\d+$")
@@ -133,7 +133,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
         write_atomic(root / SAVING, tmp.name)  # names the folder before it exists: an empty one is ours
         tmp.mkdir()
         _fsync_write(tmp / OWNER, b"written by dataguard train\n")  # first file: proves the folder is ours
-        from dataguard.train.model import quiet_transformers
+        from dataguard.train.model.build import quiet_transformers
 
         with quiet_transformers():
             model.save_pretrained(str(tmp))

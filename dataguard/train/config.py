@@ -4,7 +4,7 @@ A config is either a standalone YAML file of train keys, or a pipeline YAML with
 ``train:`` section (then ``data`` defaults to the pipeline's ``output``). Every problem is
 one `dataguard.config.ConfigError` such as ``p.yaml:12: train.lr: must be a positive
 number, got -1``; so is a bad value in the ``manifest.json`` of an existing ``data``
-folder (`dataguard.train.manifest_schema`). Unknown keys are listed with the accepted ones.
+folder (`dataguard.train.data.manifest_schema`). Unknown keys are listed with the accepted ones.
 Relative paths are kept as written (taken from the working directory, like the pipeline's).
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 from dataguard.config_yaml import ConfigError, _Located, load_yaml_document
 from dataguard.train import config_checks as C
 from dataguard.train.config_checks import GUARD_DEFAULTS, Check, Path_
+from dataguard.train.data.manifest_schema import preflight
 from dataguard.train.errors import TrainDataError
-from dataguard.train.manifest_schema import preflight
 from dataguard.train.tasks import ADAPTER_REFERENCE_TASKS, PACKING_TASKS, TASK_NAMES
 
 

@@ -2,7 +2,7 @@
 
 ``convert_checkpoint`` writes a folder (adapter merged with ``merge_and_unload``) that
 ``from_pretrained`` loads without peft. Key layouts (plain or PEFT-prefixed) are matched by
-``dataguard.train.weights.load_state_into``, re-exported here.
+``dataguard.train.model.weights.load_state_into``, re-exported here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.safe_files import disk_full, no_space_error
-from dataguard.train.base_dtype import BaseDtypeError, base_dtype, convert_dtype
 from dataguard.train.checkpoint import (
     COMPLETE,
     checkpoint_damage,
@@ -25,8 +24,9 @@ from dataguard.train.checkpoint import (
     newest_intact_checkpoint,
     resume_checkpoint,
 )
+from dataguard.train.model.base_dtype import BaseDtypeError, base_dtype, convert_dtype
+from dataguard.train.model.weights import PEFT_PREFIX, ConvertError, load_state_into
 from dataguard.train.tasks import get_task
-from dataguard.train.weights import PEFT_PREFIX, ConvertError, load_state_into
 
 __all__ = ["PEFT_PREFIX", "ConvertError", "convert_checkpoint", "find_checkpoint", "load_run_model",
            "load_state_into"]
@@ -77,7 +77,7 @@ def _best_checkpoint(run: Path) -> Path | None:
 def convert_checkpoint(source: str | Path, out: str | Path, which: str = "best", dtype: str | None = None) -> Path:
     """Write a plain HF model folder (LoRA merged) from a run or checkpoint folder, in the
     dtype the run's base was loaded in unless ``dtype`` says otherwise
-    (`dataguard.train.base_dtype.convert_dtype`).
+    (`dataguard.train.model.base_dtype.convert_dtype`).
 
     The model is written into a temporary sibling folder and renamed to ``out`` when it is
     complete, so a failure (a full disk) leaves nothing that blocks the retry."""
@@ -115,7 +115,7 @@ def convert_checkpoint(source: str | Path, out: str | Path, which: str = "best",
 
 
 def _write_model(ckpt: Path, model: Any, folder: Path) -> None:
-    from dataguard.train.model import quiet_transformers
+    from dataguard.train.model.build import quiet_transformers
 
     with quiet_transformers():
         model.save_pretrained(str(folder))
@@ -141,7 +141,7 @@ def load_run_model(ckpt: str | Path, *, task: str, model_spec: str | None = None
     adapter config, in dtype ``base``, default fp32) with the adapter loaded, or the full model."""
     import torch
 
-    from dataguard.train.model import apply_lora, load_model
+    from dataguard.train.model.build import apply_lora, load_model
 
     ckpt = Path(ckpt)
     label_map = json.loads((ckpt / "label_map.json").read_text()) if (ckpt / "label_map.json").is_file() else None

@@ -1,4 +1,4 @@
-"""The training runner's errors (re-exported by `dataguard.train.loop` and `dataguard.train.data`)."""
+"""The training runner's errors (re-exported by `dataguard.train.loop` and `dataguard.train.data.split`)."""
 
 from __future__ import annotations
 

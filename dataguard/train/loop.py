@@ -57,25 +57,25 @@ from typing import Any
 
 import torch
 
-from dataguard.io.output import OutputFolder, OutputFolderError
+from dataguard.io.output import MARKER, OutputFolder, OutputFolderError
 from dataguard.io.safe_files import LinkRefused, find_link, write_atomic
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap
-from dataguard.train.dynamics_hook import DynamicsHook, row_scores
+from dataguard.train.data.sampler import CurriculumSampler
+from dataguard.train.dynamics.hook import DynamicsHook, row_scores
 from dataguard.train.errors import TrainDiverged, TrainError
 from dataguard.train.evaluate import evaluate
-from dataguard.train.faults import garbage_batch, poison_grads, poison_loss
-from dataguard.train.forward import ForwardOut
-from dataguard.train.guard import Verdict
-from dataguard.train.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
-from dataguard.train.losses import IGNORE_INDEX
-from dataguard.train.metrics_log import final_against_best, progress_bar
-from dataguard.train.optim import GradVarianceScaler, clip_gradients
+from dataguard.train.optim.forward import ForwardOut
+from dataguard.train.optim.losses import IGNORE_INDEX
+from dataguard.train.optim.optimizer import GradVarianceScaler, clip_gradients
 from dataguard.train.prepare import RESUME_KEYS
-from dataguard.train.respond import respond
+from dataguard.train.report.metrics_log import final_against_best, progress_bar
 from dataguard.train.run_setup import setup_run
-from dataguard.train.sampler import CurriculumSampler
+from dataguard.train.stability.faults import garbage_batch, poison_grads, poison_loss
+from dataguard.train.stability.guard import Verdict
+from dataguard.train.stability.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
+from dataguard.train.stability.respond import respond
 from dataguard.train.step import (
     ClipSettings,
     across_processes,
@@ -141,6 +141,7 @@ class Trainer:
         never writes into a user's folder and two runs never share one.
         """
         if int(os.environ.get("RANK", "0")) != 0:  # other ranks under `accelerate launch`
+            wait_for_claim(self.run_dir)
             return self._fit(resume, stop_after)
         check_run_folder(self.run_dir, Path(self.cfg.data))
         folder = OutputFolder(self.run_dir)
@@ -207,7 +208,7 @@ class Trainer:
                 with accelerator.accumulate(model):
                     out = forward(model, batch, drawn.denominator)
                     loss = out.loss
-                    if dyn is not None:  # the forward just done: no extra pass (dataguard.train.dynamics)
+                    if dyn is not None:  # the forward just done: no extra pass (dataguard.train.dynamics.recorder)
                         dyn.record(now_step, drawn.passes_of(k), idx, out, batch)
                     if due:
                         loss = poison_loss(loss, due)
@@ -353,6 +354,17 @@ class Trainer:
         cfg = self.cfg
         return evaluate(model, val, task=cfg.task, batch_size=cfg.batch_size, pad_id=pad_id, offsets=offsets,
                         logit_adjustment=cfg.logit_adjustment, device=device, beta=cfg.dpo_beta)
+
+
+def wait_for_claim(run_dir: Path, timeout_s: float = 600.0) -> None:
+    """Another rank waits until rank 0 has claimed the run folder (its marker is written):
+    anything it wrote first (the token cache) would make the folder look like a user's, and
+    rank 0 would refuse it. Rank 0 failing to claim stops the launcher, and with it this rank."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / MARKER).is_file():
+        if time.monotonic() > deadline:
+            raise TrainError(f"{run_dir}: rank 0 did not claim the run folder within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def check_run_folder(run_dir: Path, data: Path) -> None:

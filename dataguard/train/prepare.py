@@ -15,7 +15,6 @@ import pyarrow as pa
 import torch
 
 from dataguard.io.safe_files import write_atomic
-from dataguard.train.base_dtype import BaseDtypeError, check_quantize
 from dataguard.train.config import TrainConfig
 from dataguard.train.config_checks import BUILTIN_MODELS
 from dataguard.train.data import (
@@ -26,10 +25,11 @@ from dataguard.train.data import (
     class_vector,
     pack,
 )
+from dataguard.train.data.token_cache import cache_key, cached_encoding
 from dataguard.train.errors import TrainError
-from dataguard.train.model import check_model, describe_groups, groups_record
+from dataguard.train.model.base_dtype import BaseDtypeError, check_quantize
+from dataguard.train.model.build import check_model, describe_groups, groups_record
 from dataguard.train.tasks import get_task
-from dataguard.train.token_cache import cache_key, cached_encoding
 
 # Settings that decide the schedule, the data order or the parameters: a resume must keep them.
 RESUME_KEYS = ("task", "model", "data", "seed", "precision", "batch_size", "grad_accum", "max_steps", "epochs",
@@ -169,7 +169,7 @@ def encode_split(cfg: TrainConfig, run: RunShards, tokenizer: Any, label_map: La
     """(training examples, validation examples or None, max_length) of the split.
 
     ``cache_dir`` (the run's ``token_cache``): encode once into memory-mapped Arrow and reuse
-    it on resume and in every process (`dataguard.train.token_cache`). ``context``: the
+    it on resume and in every process (`dataguard.train.data.token_cache`). ``context``: the
     model's context length, the cut for SFT rows when neither ``max_length`` nor a length
     stage gives one."""
     kind = get_task(cfg.task)

@@ -16,23 +16,25 @@ import numpy as np
 import torch
 
 from dataguard.train import checkpoint as ckpt_mod
-from dataguard.train.base_dtype import base_dtype, quantization_config
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedule, curriculum_unit, run_split
+from dataguard.train.data.sampler import CurriculumSampler, steps_per_epoch
+from dataguard.train.data.token_cache import FOLDER as TOKEN_CACHE
 from dataguard.train.errors import TrainError
-from dataguard.train.faults import FaultPlan
-from dataguard.train.guard import EventLog, Guard, JsonlLog
-from dataguard.train.guard_resume import restore_guard
-from dataguard.train.metrics_log import MetricsLog
-from dataguard.train.model import (
+from dataguard.train.model.base_dtype import base_dtype, quantization_config
+from dataguard.train.model.build import (
     apply_lora,
     describe_groups,
     enable_gradient_checkpointing,
     kind_params,
     load_model,
 )
-from dataguard.train.monitor import Monitor
-from dataguard.train.optim import GradVarianceScaler, build_optimizer, warmup_cosine, warmup_steps_for
+from dataguard.train.optim.optimizer import (
+    GradVarianceScaler,
+    build_optimizer,
+    warmup_cosine,
+    warmup_steps_for,
+)
 from dataguard.train.prepare import (
     check_resumable,
     choose_threads,
@@ -43,10 +45,13 @@ from dataguard.train.prepare import (
     preflight,
     write_summary,
 )
-from dataguard.train.sampler import CurriculumSampler, steps_per_epoch
-from dataguard.train.snapshot_store import SpillFolder
+from dataguard.train.report.metrics_log import MetricsLog
+from dataguard.train.stability.faults import FaultPlan
+from dataguard.train.stability.guard import EventLog, Guard, JsonlLog
+from dataguard.train.stability.guard_resume import restore_guard
+from dataguard.train.stability.monitor import Monitor
+from dataguard.train.stability.snapshot_store import SpillFolder
 from dataguard.train.tasks import get_task
-from dataguard.train.token_cache import FOLDER as TOKEN_CACHE
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """One optimizer step of the loop, and what is recorded about it.
 
 `draw_step` draws the step's micro-batches before the first backward and fixes the step's
-loss denominator (THE WEIGHT RULE in `dataguard.train.data`); `optimizer_step` applies (or skips) the step of accumulated, clipped gradients with the
+loss denominator (THE WEIGHT RULE in `dataguard.train.data.split`); `optimizer_step` applies (or skips) the step of accumulated, clipped gradients with the
 lr damping / back-off / spike of this step only; `metrics_record` is the step's line of
 ``metrics.jsonl``; `guard_after_step` closes a recovery and takes the guard's snapshots;
 `update_best` tracks the best evaluation for early stopping.
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from dataguard.train.data import Encoded
-from dataguard.train.dynamics import pass_of_rows
-from dataguard.train.guard import Verdict
-from dataguard.train.optim import GradVarianceScaler
+from dataguard.train.dynamics.recorder import pass_of_rows
+from dataguard.train.optim.optimizer import GradVarianceScaler
+from dataguard.train.stability.guard import Verdict
 from dataguard.train.tasks import get_task
 
 

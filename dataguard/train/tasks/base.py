@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import torch
 
-from dataguard.train.encode import Encoded
-from dataguard.train.forward import ForwardOut
+from dataguard.train.data.encode import Encoded
+from dataguard.train.optim.forward import ForwardOut
 
 
 @dataclass

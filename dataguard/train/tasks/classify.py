@@ -12,10 +12,14 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from dataguard.train.encode import Encoded, encode_classify
+from dataguard.train.data.encode import Encoded, encode_classify
 from dataguard.train.errors import TrainDataError
-from dataguard.train.forward import ForwardOut
-from dataguard.train.losses import cross_entropy_weight_mass, logit_adjusted_cross_entropy, posthoc_adjust
+from dataguard.train.optim.forward import ForwardOut
+from dataguard.train.optim.losses import (
+    cross_entropy_weight_mass,
+    logit_adjusted_cross_entropy,
+    posthoc_adjust,
+)
 from dataguard.train.tasks.base import EvalTally, LossSettings, Task
 
 

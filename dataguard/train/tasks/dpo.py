@@ -31,10 +31,10 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from dataguard.train.encode import Encoded, encode_sft
+from dataguard.train.data.encode import Encoded, encode_sft
 from dataguard.train.errors import TrainDataError, TrainError
-from dataguard.train.forward import ForwardOut
-from dataguard.train.losses import IGNORE_INDEX, causal_lm_loss_per_row, normalised_share
+from dataguard.train.optim.forward import ForwardOut
+from dataguard.train.optim.losses import IGNORE_INDEX, causal_lm_loss_per_row, normalised_share
 from dataguard.train.tasks.base import EvalTally, LossSettings, Task
 from dataguard.train.tasks.sft import SFTTask
 

@@ -11,10 +11,15 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from dataguard.train.encode import Encoded, encode_sft
-from dataguard.train.forward import ForwardOut, lean_parts, lm_loss_lean, sft_out
-from dataguard.train.losses import IGNORE_INDEX, causal_lm_loss, causal_lm_loss_per_row, causal_lm_weight_mass
-from dataguard.train.shards import length_cap, tokenizer_mismatch
+from dataguard.train.data.encode import Encoded, encode_sft
+from dataguard.train.data.shards import length_cap, tokenizer_mismatch
+from dataguard.train.optim.forward import ForwardOut, lean_parts, lm_loss_lean, sft_out
+from dataguard.train.optim.losses import (
+    IGNORE_INDEX,
+    causal_lm_loss,
+    causal_lm_loss_per_row,
+    causal_lm_weight_mass,
+)
 from dataguard.train.tasks.base import EvalTally, LossSettings, Task
 
 
@@ -69,7 +74,7 @@ class SFTTask(Task):
     def forward(self, model: Any, batch: dict[str, torch.Tensor], settings: LossSettings, *,
                 denominator: float | torch.Tensor | None = None,
                 autocast: Callable[[], AbstractContextManager[Any]] | None = None) -> ForwardOut:
-        """The lean chunked loss where it is exact for the model (`dataguard.train.forward`),
+        """The lean chunked loss where it is exact for the model (`dataguard.train.optim.forward`),
         else the model's own forward and the plain per-token loss."""
         parts = lean_parts(model)
         if parts is not None:

@@ -13,7 +13,7 @@ and ``<split>.json`` (what encoding dropped and why, rows, tokens), written last
 without its JSON is incomplete and rebuilt. The key hashes everything the ids depend on: the
 shards' manifest (their sha256 sums), the rows of the split, the tokenizer (its full
 serialisation, special tokens and chat template), ``max_length``, the task and label map, and
-``ENCODER_VERSION`` (raised whenever `dataguard.train.encode` changes its output).
+``ENCODER_VERSION`` (raised whenever `dataguard.train.data.encode` changes its output).
 
 Building streams ``CHUNK_ROWS`` rows at a time into the file, so encoding never holds the
 whole run's ids as lists. Concurrent processes take a lock per key: one builds, the others
@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.io.safe_files import LinkRefused, atomic_writer, open_nofollow, write_atomic
-from dataguard.train.encode import IGNORE_INDEX, Encoded
+from dataguard.train.data.encode import IGNORE_INDEX, Encoded
 from dataguard.train.tasks import get_task
 
 ENCODER_VERSION = 1

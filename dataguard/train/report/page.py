@@ -25,8 +25,9 @@ from dataguard.report.blocks import render_block, summary_grid, table_html
 from dataguard.report.build import _atomic_write
 from dataguard.report.fmt import esc, human_bytes, is_number, num, pct, slug, yamlish
 from dataguard.report.render import page_head
-from dataguard.train import report_rows, report_svg
-from dataguard.train.report_model import EVENT_KINDS, ReportInputError, collect
+from dataguard.train.report import rows as report_rows
+from dataguard.train.report import svg as report_svg
+from dataguard.train.report.page_data import EVENT_KINDS, ReportInputError, collect
 
 __all__ = ["DEFAULT_HTML", "ReportInputError", "build_training_report", "render_training_html"]
 

@@ -25,10 +25,10 @@ import torch
 from jinja2.exceptions import TemplateError
 
 from dataguard.records import PROMPT_ROLES
+from dataguard.train.data.labels import LabelMap
+from dataguard.train.data.shards import _ids, row_repeat, row_weights
 from dataguard.train.errors import TrainDataError
-from dataguard.train.labels import LabelMap
-from dataguard.train.losses import IGNORE_INDEX
-from dataguard.train.shards import _ids, row_repeat, row_weights
+from dataguard.train.optim.losses import IGNORE_INDEX
 
 TEMPLATE_REFUSED = "template_refused"
 log = logging.getLogger(__name__)

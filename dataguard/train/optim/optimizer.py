@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from dataguard.train.model import module_kind, param_groups
+from dataguard.train.model.build import module_kind, param_groups
 
 DEFAULT_CLIP_RULES = {"embeddings": {"value": 0.5}, "attention": {"norm": 1.0}}
 TIED_RULE = "embeddings (tied to head)"

@@ -1,13 +1,13 @@
 """Recording training dynamics per row: the runner side of ``RUN/dynamics.arrow``.
 
 What is recorded, and why it costs almost nothing: the training step already computes every
-row's loss and (classify) logits in its forward pass (`dataguard.train.forward.ForwardOut`);
+row's loss and (classify) logits in its forward pass (`dataguard.train.optim.forward.ForwardOut`);
 `DynamicsRecorder.record` only reads those detached tensors, so the default source
 (``train_forward``) adds no forward pass. A run shorter than one epoch never sees some rows,
 so ``dynamics_pass: auto`` then records an extra no-grad pass over the training rows at
 each evaluation instead (``eval_pass``; `eval_pass`), which costs one forward per row per
 evaluation and is counted in the overhead benchmark. The file layout is in
-`dataguard.train.dynamics_file`.
+`dataguard.train.dynamics.file`.
 
 The state is a sum per (row, pass): loss, gold probability, margin and draw count, plus the
 last draw's step, correctness and prediction. Sums merge by addition, which makes three
@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from dataguard.train.dynamics_file import FILE_NAME, read_dynamics, write_dynamics
+from dataguard.train.dynamics.file import FILE_NAME, read_dynamics, write_dynamics
 from dataguard.train.tasks import get_task
 
 STATE_FILE = "dynamics_state.safetensors"

@@ -58,8 +58,8 @@ from typing import Any
 import torch
 
 from dataguard.io.safe_files import write_atomic
-from dataguard.train.jsonl_log import JsonlLog
-from dataguard.train.snapshot_store import SpillFolder, choose_place, host_copy, live_trainable
+from dataguard.train.report.jsonl_log import JsonlLog
+from dataguard.train.stability.snapshot_store import SpillFolder, choose_place, host_copy, live_trainable
 
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered", "verified")
 # Knobs added after the first release; a guard mapping saved by an older run lacks them.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.io.safe_files import open_nofollow, write_atomic
-from dataguard.train.jsonl_log import trim_jsonl
+from dataguard.train.report.jsonl_log import trim_jsonl
 
 
 class MetricsLog:

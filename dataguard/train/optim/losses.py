@@ -15,7 +15,7 @@ replaced by the smallest finite offset (the class is treated like the rarest cla
 which keeps every value finite; -inf would zero the class's probability and produce NaN
 gradients under label smoothing.
 
-Weighting follows THE WEIGHT RULE (`dataguard.train.data`): a loss is
+Weighting follows THE WEIGHT RULE (`dataguard.train.data.split`): a loss is
 ``sum(w * loss) / denominator`` where the loop passes the step-wide weight mass as
 ``denominator`` (`cross_entropy_weight_mass` per row, `causal_lm_weight_mass` per supervised
 token, summed over the step), so each micro-batch's loss is its share of the step's weighted

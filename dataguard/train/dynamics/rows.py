@@ -1,7 +1,7 @@
 """Rows a training run named: the ones its guard quarantined, and their stage scores from the shards.
 
 When the guard calls a step anomalous, the step's micro-batches are known, so their row ids
-go into ``events.jsonl`` (`dataguard.train.respond`). This module turns such ids back into
+go into ``events.jsonl`` (`dataguard.train.stability.respond`). This module turns such ids back into
 data: `RowScores` looks each row up in the pipeline's kept shards and returns the score
 columns the stages wrote beside it (``consistency_score``, ``label_quality``,
 ``n_tokens``, ...), so an event says *which* rows and *what the data side thought of them*;
@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.train.jsonl_log import read_records
+from dataguard.train.report.jsonl_log import read_records
 
 # Canonical record columns and bookkeeping columns: not scores.
 NOT_SCORES = frozenset({"id", "source", "messages", "label", "meta", "format", "repeat", "content_hash",

@@ -32,7 +32,7 @@ KINDS = ("embeddings", "attention", "mlp", "norm", "head", "other")
 TINY_CAUSAL = "tiny-causal-lm"
 TINY_CLASSIFIER = "tiny-classifier"
 MINILM = "minilm"
-SMOLLM2 = "smollm2-135m"  # SmolLM2-135M-Instruct from an installed GGUF (dataguard.train.pretrained)
+SMOLLM2 = "smollm2-135m"  # SmolLM2-135M-Instruct from an installed GGUF (dataguard.train.model.pretrained)
 
 
 class ModelError(ValueError):
@@ -47,11 +47,11 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
 
     ``label_map`` (anything with ``.labels`` or a list of names) names the classes in the
     model config, so a saved classifier knows its labels. ``dtype`` / ``quantization``: how
-    the base is held (`dataguard.train.base_dtype`).
+    the base is held (`dataguard.train.model.base_dtype`).
     """
     from transformers import AutoTokenizer
 
-    from dataguard.train import tiny
+    from dataguard.train.model import tiny
 
     kind = _task(task)
     id2label = _id2label(label_map, num_labels)
@@ -70,7 +70,7 @@ def load_model(task: str, model_spec: str, *, num_labels: int | None = None,
     if spec == MINILM:
         path: Path | None = Path(tiny.minilm_path())
     elif spec == SMOLLM2:
-        from dataguard.train.pretrained import PretrainedError, pretrained_path
+        from dataguard.train.model.pretrained import PretrainedError, pretrained_path
 
         try:
             path = pretrained_path(spec)  # built once into dataguard's cache, then a plain folder
@@ -99,7 +99,7 @@ def check_model(task: str, model_spec: str) -> Path | None:
         _check_builtin(_task(task), spec)
         return None
     if spec == SMOLLM2:
-        from dataguard.train.pretrained import PretrainedError, gguf_source
+        from dataguard.train.model.pretrained import PretrainedError, gguf_source
 
         try:
             gguf_source(spec)  # its packages are installed (else the pip line); the folder is built on load

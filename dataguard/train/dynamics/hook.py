@@ -1,4 +1,4 @@
-"""Where the training loop meets the dynamics recorder (`dataguard.train.dynamics`).
+"""Where the training loop meets the dynamics recorder (`dataguard.train.dynamics.recorder`).
 
 The loop calls this in five places, each a line: `DynamicsHook.start` after setup (resume
 loads the checkpoint's sums), `record` after each micro-batch's forward, `at_eval` at each
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from dataguard.train.dynamics import STATE_FILE, DynamicsRecorder, eval_pass
-from dataguard.train.dynamics_rows import RowScores
-from dataguard.train.sampler import steps_per_epoch
+from dataguard.train.data.sampler import steps_per_epoch
+from dataguard.train.dynamics.recorder import STATE_FILE, DynamicsRecorder, eval_pass
+from dataguard.train.dynamics.rows import RowScores
 from dataguard.train.tasks import get_task
 
 

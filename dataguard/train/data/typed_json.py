@@ -1,6 +1,6 @@
 """Typed JSON schema nodes: check a parsed JSON value and name the key path of a problem.
 
-Why its own module: `dataguard.train.manifest_schema` declares what the runner reads of a
+Why its own module: `dataguard.train.data.manifest_schema` declares what the runner reads of a
 pipeline's manifest with these nodes (ints, numbers, choices, shapes, lists, maps); the nodes
 know nothing of manifests, so they stay small and reusable.
 """

@@ -1,8 +1,8 @@
 """Reading a run for training: the manifest, the kept rows (sha256 checked), the row weights.
 
 `RunShards.open(folder)` reads ``manifest.json`` (checked against its typed schema,
-`dataguard.train.manifest_schema`) and the data shards it lists;
-`row_weights` / `row_repeat` apply and check THE WEIGHT RULE (see `dataguard.train.data`);
+`dataguard.train.data.manifest_schema`) and the data shards it lists;
+`row_weights` / `row_repeat` apply and check THE WEIGHT RULE (see `dataguard.train.data.split`);
 `length_cap` finds the length stage's cap and `tokenizer_mismatch` warns when another
 tokenizer counted it.
 """
@@ -18,8 +18,7 @@ import pyarrow as pa
 
 from dataguard.io.readers import file_sha256
 from dataguard.io.writer import read_table
-from dataguard.train.errors import TrainDataError
-from dataguard.train.manifest_schema import (
+from dataguard.train.data.manifest_schema import (
     MANIFEST,
     ShardFacts,
     check_manifest,
@@ -27,6 +26,7 @@ from dataguard.train.manifest_schema import (
     read_manifest,
     table_labels,
 )
+from dataguard.train.errors import TrainDataError
 from dataguard.train.tasks import get_task
 
 WEIGHT_COLUMNS = ("sample_weight", "drift_weight")

@@ -28,8 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from dataguard.train.errors import TrainDataError
-from dataguard.train.typed_json import (
+from dataguard.train.data.typed_json import (
     Choice,
     Fields,
     Flag,
@@ -48,6 +47,7 @@ from dataguard.train.typed_json import (
     _short,
     _Where,
 )
+from dataguard.train.errors import TrainDataError
 
 MANIFEST = "manifest.json"
 LABEL_COLUMN = "label"  # the column the runner's label map reads
@@ -94,7 +94,7 @@ SCHEMA = Fields({
 # ------------------------------------------------------------------ checks
 def class_state(manifest: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """(name, state) of the training section that lists ``classes`` (the longtail stage's),
-    the one `dataguard.train.labels` orders the label map by."""
+    the one `dataguard.train.data.labels` orders the label map by."""
     for name, state in (manifest.get("training") or {}).items():
         if isinstance(state, dict) and isinstance(state.get("classes"), list):
             return str(name), state

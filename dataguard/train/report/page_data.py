@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.report.fmt import is_number
-from dataguard.train.report_rows import dynamics_summary
+from dataguard.train.report.rows import dynamics_summary
 
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered")
 _STEP_DIR = re.compile(r"^step-(\d+)(\.tmp-.*)?$")

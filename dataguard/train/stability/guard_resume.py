@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from dataguard.train import checkpoint as ckpt_mod
-from dataguard.train.guard import Guard, Snapshot, trainable_state
+from dataguard.train.stability.guard import Guard, Snapshot, trainable_state
 
 GUARD_SNAPSHOT = ckpt_mod.GUARD_SNAPSHOT
 

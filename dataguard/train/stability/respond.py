@@ -1,7 +1,7 @@
 """Acting on the guard's verdict for one step: events, skipped steps, rollback and stop.
 
 Events that name rows (anomaly, skip, rollback, stop) also carry ``row_scores``: each row's
-stage scores from the pipeline's shards (`dataguard.train.dynamics_rows.RowScores`), so the
+stage scores from the pipeline's shards (`dataguard.train.dynamics.rows.RowScores`), so the
 training page can say what the data side thought of the rows that upset the run.
 """
 
@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dataguard.train.dynamics_rows import RowScores
-from dataguard.train.guard import EventLog, Guard, Verdict, write_diagnosis
+from dataguard.train.dynamics.rows import RowScores
+from dataguard.train.stability.guard import EventLog, Guard, Verdict, write_diagnosis
 
 
 def add_event(events: EventLog, step: int, kind: str, cause: str, detail: str, *, layer: str | None,

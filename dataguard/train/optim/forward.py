@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from dataguard.train.losses import (
+from dataguard.train.optim.losses import (
     IGNORE_INDEX,
     causal_lm_weight_mass,
     normalised_share,

@@ -42,7 +42,7 @@ def named_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def dynamics_summary(run_dir: Path) -> dict[str, Any] | None:
     """A few figures of ``dynamics.arrow`` (None when the run has none or it is unreadable)."""
-    from dataguard.train.dynamics_file import DynamicsFileError, read_dynamics
+    from dataguard.train.dynamics.file import DynamicsFileError, read_dynamics
 
     try:
         table, meta = read_dynamics(run_dir)

