@@ -102,6 +102,9 @@ class Verdict:
     stop: bool = False
 
 
+MAX_BAD_ROWS = 1000
+
+
 class EventLog(JsonlLog):
     """events.jsonl: one object per event (a resumed run first drops events after its checkpoint)."""
 
@@ -110,11 +113,12 @@ class EventLog(JsonlLog):
         self.events: list[dict[str, Any]] = [json.loads(line) for line in self.lines]
 
     def add(self, step: int, kind: str, cause: str, detail: str = "", *, layer: str | None = None,
-            rows: list[str] | None = None, lr: float | None = None) -> dict[str, Any]:
+            rows: list[str] | None = None, lr: float | None = None, **extra: Any) -> dict[str, Any]:
+        """Record one event; ``extra`` fields (the rows' ``row_scores``) follow the fixed ones."""
         assert kind in EVENT_KINDS, kind
         event = {"step": int(step), "kind": kind, "cause": cause, "detail": detail, "layer": layer,
                  "rows": list(rows) if rows is not None else None,
-                 "lr": float(lr) if lr is not None and math.isfinite(lr) else None}
+                 "lr": float(lr) if lr is not None and math.isfinite(lr) else None, **extra}
         self.events.append(event)
         self.write(event)
         return event
@@ -144,7 +148,7 @@ class Guard:
         self.lr_scale = 1.0
         self.recover_until = 0
         self.snapshot: Snapshot | None = None
-        self.bad_rows: list[str] = []
+        self.bad_rows: list[str] = []  # the rows of anomalous steps (first 1,000), for the diagnosis
         self.first_layer: str | None = None
 
     # ------------------------------------------------------------------ detection
@@ -353,6 +357,13 @@ class Guard:
                 self._spare.append(snap.model)
 
     # ------------------------------------------------------------------ resume
+    def note_anomaly(self, layer: str | None, rows: list[str]) -> None:
+        """Remember an anomalous step's first bad layer and its rows (capped), for the diagnosis."""
+        if self.first_layer is None and layer:
+            self.first_layer = layer
+        self.bad_rows.extend(r for r in rows if r not in self.bad_rows)
+        del self.bad_rows[MAX_BAD_ROWS:]
+
     def state_dict(self) -> dict[str, Any]:
         return {"loss_window": list(self.loss_window), "gnorm_window": list(self.gnorm_window),
                 "anomaly_steps": list(self.anomaly_steps), "rollbacks": self.rollbacks, "lr_scale": self.lr_scale,

@@ -20,12 +20,7 @@ def add_event(events: EventLog, step: int, kind: str, cause: str, detail: str, *
     """`EventLog.add`, plus the named rows' stage scores (``row_scores``) when known."""
     if scores is None or not rows:
         return events.add(step, kind, cause, detail, layer=layer, rows=rows, lr=lr)
-    event = {"step": int(step), "kind": kind, "cause": cause, "detail": detail, "layer": layer,
-             "rows": list(rows), "lr": float(lr) if lr is not None and math.isfinite(lr) else None,
-             "row_scores": scores.lookup(list(rows))}
-    events.events.append(event)
-    events.write(event)
-    return event
+    return events.add(step, kind, cause, detail, layer=layer, rows=rows, lr=lr, row_scores=scores.lookup(list(rows)))
 
 
 def respond(run_dir: Path, step: int, verdict: Verdict, applied: bool, record: dict[str, Any], rows: list[str],
@@ -37,10 +32,7 @@ def respond(run_dir: Path, step: int, verdict: Verdict, applied: bool, record: d
         add_event(events, step, "anomaly", a["cause"], a["detail"], layer=a["layer"], rows=rows, lr=lr,
                   scores=scores)
         if guard is not None:
-            if guard.first_layer is None and a["layer"]:
-                guard.first_layer = a["layer"]
-            guard.bad_rows.extend(r for r in rows if r not in guard.bad_rows)
-            del guard.bad_rows[1000:]
+            guard.note_anomaly(a["layer"], rows)
     if not applied:
         cause = verdict.anomalies[0]["cause"] if verdict.anomalies else (
             "nonfinite_grad" if math.isfinite(record["loss"]) else "nonfinite_loss")
