@@ -180,7 +180,7 @@ def _scores(flags: set[str], flipped: set[str]) -> dict[str, Any]:
 
 def flags_of(data: Path, **params: Any) -> set[str]:
     """Ids the noise stage flags on a pipeline output's kept rows with ``params``."""
-    from dataguard.stages.noise import NoiseStage
+    from dataguard.stages.noise.stage import NoiseStage
     from dataguard.train.data import RunShards
 
     table = RunShards.open(data, task="classify").table
@@ -261,7 +261,7 @@ def swapped(ns: argparse.Namespace) -> None:
     import yaml
 
     from dataguard.config import load_config
-    from dataguard.stages.noise import NoiseStage
+    from dataguard.stages.noise.stage import NoiseStage
     from dataguard.train.data import RunShards
 
     rows = json.loads((bt.ROOT / "sample_data/alpaca_en_demo.json").read_text())[: ns.swap_rows]

@@ -168,10 +168,10 @@ sys.path.insert(0, str(ROOT))
 
 from cleanlab.filter import find_label_issues  # noqa: E402
 
-from dataguard.noise.confident import FILTERS  # noqa: E402
-from dataguard.noise.crossval import make_classifier  # noqa: E402
 from dataguard.records import canonical_table  # noqa: E402
-from dataguard.stages.noise import NoiseStage  # noqa: E402
+from dataguard.stages.noise.confident import FILTERS  # noqa: E402
+from dataguard.stages.noise.crossval import make_classifier  # noqa: E402
+from dataguard.stages.noise.stage import NoiseStage  # noqa: E402
 from dataguard.testing.noise import inject_class_conditional_noise  # noqa: E402
 from dataguard.text.embeddings import Embedder, embedding_field, to_arrow  # noqa: E402
 from dataguard.text.features import embed_texts  # noqa: E402

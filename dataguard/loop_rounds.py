@@ -57,7 +57,7 @@ def training_state(run: Path) -> str:
 def feedback_stages(prev_run: Path) -> list[Any]:
     """The two stages that carry a training run back into the data (module docstring)."""
     from dataguard.stages.exclude import ExcludeStage
-    from dataguard.stages.noise import NoiseStage
+    from dataguard.stages.noise.stage import NoiseStage
 
     run = str(prev_run.resolve())
     return [ExcludeStage(runs=[run]), NoiseStage(inputs="dynamics", dynamics=run, action="drop")]

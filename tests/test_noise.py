@@ -20,7 +20,7 @@ from cleanlab.filter import find_label_issues
 
 from dataguard.records import CANONICAL_SCHEMA, canonical_table
 from dataguard.stage import StageConfigError
-from dataguard.stages.noise import NoiseStage
+from dataguard.stages.noise.stage import NoiseStage
 from dataguard.testing.noise import inject_class_conditional_noise
 
 N_CLASSES = 8

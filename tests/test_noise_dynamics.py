@@ -13,9 +13,9 @@ import pytest
 
 from dataguard.config import ConfigError, load_config
 from dataguard.io.readers import InputSpec
-from dataguard.noise.dynamics import aggregate, mixture_cut, robust_cut
 from dataguard.pipeline import Pipeline
-from dataguard.stages.noise import NoiseStage
+from dataguard.stages.noise.dynamics import aggregate, mixture_cut, robust_cut
+from dataguard.stages.noise.stage import NoiseStage
 from dataguard.train.config import load_train_config
 from dataguard.train.data import RunShards
 from dataguard.train.dynamics.file import read_dynamics

@@ -18,13 +18,13 @@ import pyarrow as pa
 import pytest
 from cleanlab.filter import find_label_issues
 
-from dataguard.noise.confident import limit_flags
-from dataguard.noise.crossval import _cv_probs, refit_probs
-from dataguard.noise.knn import knn_probs
-from dataguard.noise.probs import softmax, to_probabilities
 from dataguard.records import canonical_table
 from dataguard.stage import StageConfigError
-from dataguard.stages.noise import NoiseStage
+from dataguard.stages.noise.confident import limit_flags
+from dataguard.stages.noise.crossval import _cv_probs, refit_probs
+from dataguard.stages.noise.knn import knn_probs
+from dataguard.stages.noise.probs import softmax, to_probabilities
+from dataguard.stages.noise.stage import NoiseStage
 from dataguard.testing.noise import inject_class_conditional_noise
 from dataguard.text.features import AUTO_MAX_WORDS, choose_features, tfidf_features, word_count
 

@@ -231,7 +231,7 @@ def test_manifest_records_every_parameter_with_its_default(tmp_path):
 
     from dataguard.config import load_config
     from dataguard.run.manifest import params_json as _params_json
-    from dataguard.stages.noise import NoiseStage
+    from dataguard.stages.noise.stage import NoiseStage
 
     src = Path(__file__).resolve().parent.parent / "sample_data" / "alpaca_en_demo.json"
     spec = tmp_path / "p.yaml"

@@ -18,7 +18,7 @@ from dataguard.stage import Outcome, Stage
 from dataguard.stages.dedup import DedupStage
 from dataguard.stages.drift import DriftStage
 from dataguard.stages.longtail import LongTailStage
-from dataguard.stages.noise import NoiseStage
+from dataguard.stages.noise.stage import NoiseStage
 from dataguard.stages.normalize import Normalizer
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -16,7 +16,7 @@ STAGE_PATHS: dict[str, str] = {
     "length": "dataguard.stages.length:LengthStage",
     "quality": "dataguard.stages.quality:QualityStage",
     "overlap": "dataguard.stages.overlap:OverlapStage",
-    "noise": "dataguard.stages.noise:NoiseStage",
+    "noise": "dataguard.stages.noise.stage:NoiseStage",
     "longtail": "dataguard.stages.longtail:LongTailStage",
     "drift": "dataguard.stages.drift:DriftStage",
     "language": "dataguard.stages.language:LanguageStage",

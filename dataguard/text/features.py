@@ -30,7 +30,7 @@ import scipy.sparse as sp
 from dataguard.embed import Embedder
 
 FEATURE_KINDS = ("embedding", "tfidf", "both")
-FEATURE_CHOICES = (*FEATURE_KINDS, "ensemble", "auto")  # ensemble: see dataguard/noise/views.py
+FEATURE_CHOICES = (*FEATURE_KINDS, "ensemble", "auto")  # ensemble: see dataguard/stages/noise/views.py
 # ``auto``: texts whose median length is at most this many words get the short-text
 # ensemble, longer ones TF-IDF. Measured (benchmarks/bench_label_noise.py, part ``lengths``):
 # 20 Newsgroups posts cut to 16 words, ensemble and TF-IDF tie (31 vs 32 confirmed errors in

@@ -1,4 +1,4 @@
-"""Label-noise estimation for the noise stage (`dataguard.stages.noise`), one job per module.
+"""Label-noise estimation for the noise stage (`dataguard.stages.noise.stage`), one job per module.
 
 ``crossval`` out-of-fold probabilities (and refits on kept rows), ``knn`` neighbour votes,
 ``views`` which models make the probabilities (single view or the short-text ensemble),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataguard.noise.crossval import _splits
+from dataguard.stages.noise.crossval import _splits
 
 NEIGHBOURS = 25
 TEMPERATURE = 0.05

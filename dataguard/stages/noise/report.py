@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dataguard.noise.confident import NoiseEstimate
+from dataguard.stages.noise.confident import NoiseEstimate
 
 MAX_MATRIX_CLASSES = 25
 

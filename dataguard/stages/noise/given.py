@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dataguard.noise.probs import to_probabilities
+from dataguard.stages.noise.probs import to_probabilities
 
 
 def class_list(labels: list[str], classes: Sequence[str] | None, k_probs: int | None) -> list[str]:

@@ -10,11 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dataguard.noise.confident import FILTERS, METHODS, RANKINGS
-from dataguard.noise.crossval import CLASSIFIERS
-from dataguard.noise.dynamics import SCORES as DYNAMICS_SCORES
-from dataguard.noise.dynamics import check_run
-from dataguard.noise.probs import INPUTS
 from dataguard.params import (
     EMBEDDER,
     NAME,
@@ -28,6 +23,11 @@ from dataguard.params import (
     Text,
 )
 from dataguard.stage import StageConfigError
+from dataguard.stages.noise.confident import FILTERS, METHODS, RANKINGS
+from dataguard.stages.noise.crossval import CLASSIFIERS
+from dataguard.stages.noise.dynamics import SCORES as DYNAMICS_SCORES
+from dataguard.stages.noise.dynamics import check_run
+from dataguard.stages.noise.probs import INPUTS
 from dataguard.text.features import FEATURE_CHOICES
 
 ACTIONS = ("flag", "drop", "relabel")

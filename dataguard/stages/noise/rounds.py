@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dataguard.noise import views as views_mod
-from dataguard.noise.confident import NoiseEstimate, within_budget
+from dataguard.stages.noise import views as views_mod
+from dataguard.stages.noise.confident import NoiseEstimate, within_budget
 
 if TYPE_CHECKING:  # the stage whose estimate this is; imported for its type only (no cycle at run time)
-    from dataguard.stages.noise import NoiseStage
+    from dataguard.stages.noise.stage import NoiseStage
 
 
 def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
@@ -34,7 +34,7 @@ def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
     """(final probabilities, final estimate, one log entry per round that ran).
 
     ``refit(keep)`` returns probabilities for all rows from models trained on ``keep`` rows
-    (`dataguard.noise.views.refit`); ``estimate_fn`` turns probabilities into an estimate.
+    (`dataguard.stages.noise.views.refit`); ``estimate_fn`` turns probabilities into an estimate.
 
     Stops early when a round flags nothing (there is nothing left to clean) or flags the
     same rows as the round before (a fixed point: further rounds would repeat it).

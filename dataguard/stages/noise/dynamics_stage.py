@@ -1,7 +1,7 @@
 """The noise stage's ``inputs: dynamics`` path: fit, apply (sft) and describe from a run's dynamics.
 
-Kept apart from `dataguard.stages.noise` so the stage keeps one job per method; the scores
-and cuts live in `dataguard.noise.dynamics`. Classify runs produce the stage's usual columns
+Kept apart from `dataguard.stages.noise.stage` so the stage keeps one job per method; the scores
+and cuts live in `dataguard.stages.noise.dynamics`. Classify runs produce the stage's usual columns
 (``label_quality`` is the chosen score: AUM or confidence), so ``drop`` / ``relabel`` /
 ``max_flagged`` / ``min_rows_per_class`` behave as with cross-validated probabilities. Sft runs
 produce ``dynamics_loss`` (the late mean assistant-token loss) and ``hard_to_fit``; ``drop``
@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.noise import dynamics as D
-from dataguard.noise import report
-from dataguard.noise.given import class_list
 from dataguard.records import reject_rows, set_column
 from dataguard.stage import Outcome
+from dataguard.stages.noise import dynamics as D
+from dataguard.stages.noise import report
+from dataguard.stages.noise.given import class_list
 from dataguard.tally import Tally
 
 HARD_TO_FIT = "hard_to_fit"

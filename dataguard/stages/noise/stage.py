@@ -48,22 +48,22 @@ Probabilities handed in as a ``.npy`` file must have one row per row reaching th
 in input order, with columns in ``classes`` order (default: the sorted distinct labels).
 A fine-tuned model's logits go in the same way with ``inputs: logits`` (stable softmax,
 optional ``temperature``); rows handed in as probabilities that are not (negative, or not
-summing to 1) are refused with an error naming ``probabilities`` (`dataguard.noise.probs`).
+summing to 1) are refused with an error naming ``probabilities`` (`dataguard.stages.noise.probs`).
 
 A training run's own view of each row goes in with ``inputs: dynamics`` and ``dynamics: RUN``
 (the run folder of `dataguard train`, whose ``dynamics.arrow`` is read and checked when the
 config loads): AUM or cartography confidence per row, a learned cut, the same budget and
-class protection; sft runs flag ``hard_to_fit`` rows (`dataguard.noise.dynamics`).
+class protection; sft runs flag ``hard_to_fit`` rows (`dataguard.stages.noise.dynamics`).
 
 Options (each measured in benchmarks/bench_label_noise.py): ``method: confidence`` is the
 seeds' rule (flag max probability > ``threshold`` on a class other than the given one);
 ``rounds: N`` re-estimates N times, each round refitting on the rows the previous one kept
-(`dataguard.noise.rounds`); ``max_flagged`` caps the flags at a count or a fraction of the
+(`dataguard.stages.noise.rounds`); ``max_flagged`` caps the flags at a count or a fraction of the
 labelled rows, keeping the worst by label quality (ties by row order). ``auto`` is decided
 in ``fit`` on all labelled texts (`dataguard.text.features.choose_features`); ``summarize``
 already embeds a batch whose own median is short, and ``fit`` embeds any batch that did
 not when the whole set turns out short. Parameters are validated in
-`dataguard.noise.params`; describe() and the fit report live in `dataguard.noise.report`.
+`dataguard.stages.noise.params`; describe() and the fit report live in `dataguard.stages.noise.report`.
 """
 
 from __future__ import annotations
@@ -78,13 +78,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
-from dataguard.noise import dynamics_stage, report
-from dataguard.noise import params as P
-from dataguard.noise.confident import NoiseEstimate, estimate
-from dataguard.noise.given import class_list, gather_probs
-from dataguard.noise.rounds import estimate_issues
 from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
 from dataguard.stage import Outcome, Stage
+from dataguard.stages.noise import dynamics_stage, report
+from dataguard.stages.noise import params as P
+from dataguard.stages.noise.confident import NoiseEstimate, estimate
+from dataguard.stages.noise.given import class_list, gather_probs
+from dataguard.stages.noise.rounds import estimate_issues
 from dataguard.tally import Tally
 from dataguard.text.features import AUTO_MAX_WORDS, word_count
 

@@ -17,7 +17,7 @@ the rows trained under an extra, fake class; the 99th percentile of their AUM); 
 one more output in the model's head, which the runner does not add yet, so the mixture
 stands in. A number is taken as the cut itself. ``max_flagged`` keeps the worst rows by the
 score, and ``min_rows_per_class`` gives back the least suspicious rows of a class that would
-fall below it, exactly as for cross-validated probabilities (`dataguard.noise.confident`).
+fall below it, exactly as for cross-validated probabilities (`dataguard.stages.noise.confident`).
 
 For ``sft`` runs each row gets its mean assistant-token loss over the last half of the
 passes (a row the model fits late is not an outlier), and a row whose loss stays above the
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dataguard.noise.confident import NoiseEstimate, budget_count, limit_flags, protect_rare_classes
+from dataguard.stages.noise.confident import NoiseEstimate, budget_count, limit_flags, protect_rare_classes
 from dataguard.train.dynamics.file import DynamicsFileError, read_dynamics
 
 SCORES = ("aum", "cartography")

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from dataguard.noise.crossval import out_of_sample_probs, refit_probs, select_C
-from dataguard.noise.knn import knn_probs
+from dataguard.stages.noise.crossval import out_of_sample_probs, refit_probs, select_C
+from dataguard.stages.noise.knn import knn_probs
 from dataguard.text.features import choose_features, combine, tfidf_features, word_count
 
 Chosen = float | dict[str, float]
