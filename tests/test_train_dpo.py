@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -87,10 +88,21 @@ def test_unusable_pairs_are_left_out_with_a_reason(tmp_path):
     src = tmp_path / "pairs.json"
     src.write_text(json.dumps(rows))
     Pipeline([], workers=1).run([InputSpec(path=str(src))], tmp_path / "out")
+    # the normaliser rejects the pairs that state no preference, with their reasons
+    rejected = pa.ipc.open_stream(next((tmp_path / "out" / "rejected").glob("*.arrow"))).read_all()
+    assert dict(zip(rejected.column("id").to_pylist(), rejected.column("reason").to_pylist(), strict=True)) == {
+        "pairs.json:1": "identical_pair", "pairs.json:2": "empty_rejected"}
     run = RunShards.open(tmp_path / "out")
     pairs = get_task("dpo").encode(run.table, tiny_tokenizer(), max_length=256, label_map=None, allow_empty=False)
-    assert len(pairs) == 1 and pairs.row_ids == [run.table.column("id")[0].as_py()]
-    assert pairs.dropped == {"identical_pair": 1, "empty_rejected": 1, "no_rejected_response": 1}
+    assert len(pairs) == 1 and pairs.row_ids == ["pairs.json:0"]
+    assert pairs.dropped == {"no_rejected_response": 1}
+    # shards written elsewhere get the same judgement from the encoder itself
+    metas = run.table.column("meta").to_pylist()
+    chosen = run.table.column("messages")[0].as_py()[-1]["content"]
+    edited = run.table.set_column(run.table.schema.get_field_index("meta"), "meta", pa.array(
+        [json.dumps({"rejected": f" {chosen} "}), json.dumps({"rejected": ""}), *metas[2:]], pa.string()))
+    none = get_task("dpo").encode(edited, tiny_tokenizer(), max_length=256, label_map=None, allow_empty=True)
+    assert len(none) == 0 and none.dropped == {"identical_pair": 1, "empty_rejected": 1}
     batch = pairs.collate([0, 0], pad_id=0)
     assert batch["input_ids"].shape[0] == 4 and batch["sample_weight"].shape == (2,)  # chosen rows, then rejected
     chosen, rejected = batch["labels"][0], batch["labels"][2]

@@ -22,6 +22,10 @@ Reason codes raised here:
   can merge them, and rejecting them would lose real data.
 * ``empty_assistant``: an assistant turn that is empty or whitespace.
 * ``unfilled_placeholder``: a template slot left in the text (``dataguard/formats/placeholders.py``).
+* ``empty_rejected`` / ``identical_pair``: a preference pair (a ``rejected`` response beside
+  the chosen final assistant turn) whose rejected response is empty, or the same as the
+  chosen one after whitespace normalisation: it states no preference, and preference
+  training on it would push a response away from itself.
 
 Not record checks: ``invalid_unicode`` (a lone surrogate, which cannot be written as UTF-8)
 and ``too_deep`` are found when the row is written (``dataguard/stages/normalize.py``).
@@ -45,6 +49,8 @@ CHECK_REASONS = {
     "bad_role_order": "a late system turn, a first turn not from the user, or a tool turn after no call",
     "empty_assistant": "an assistant turn that is empty or whitespace",
     "unfilled_placeholder": "a template slot ({{name}}, <<name>>, ...) left in the text",
+    "empty_rejected": "a preference pair whose rejected response is empty",
+    "identical_pair": "a preference pair whose rejected response equals the chosen one (whitespace aside)",
 }
 
 
@@ -148,12 +154,30 @@ def _placeholders_batch(rows: TwoTurnRows, ctx: Context) -> Iterable[int]:
     return [j for j, u in enumerate(rows.user) if may(u)] + [j for j, a in enumerate(rows.assistant) if may(a)]
 
 
+def _preference_pair(mapped: Mapped, ctx: Context) -> None:
+    if "rejected" not in mapped.meta or not mapped.turns:
+        return
+    rejected = mapped.meta["rejected"]
+    if isinstance(rejected, dict):  # ShareGPT's {"from": "gpt", "value": ...}
+        rejected = rejected.get("value", rejected.get("content"))
+    if rejected is None or (isinstance(rejected, str) and not rejected.strip()):
+        raise Reject("empty_rejected", "the pair's rejected response is empty")
+    if isinstance(rejected, str) and " ".join(rejected.split()) == " ".join(mapped.turns[-1][1].split()):
+        raise Reject("identical_pair", "the rejected response is the chosen one")
+
+
+def _preference_pair_batch(rows: TwoTurnRows, ctx: Context) -> Iterable[int]:
+    return ()  # batch-mapped rows have no meta, so no rejected response
+
+
 RECORD_CHECKS: list[Check] = [
     Check("allowed_roles", ("disallowed_role",), _allowed_roles, _allowed_roles_batch),
     Check("text_present", ("empty_prompt",), _text_present, answered=False),
     Check("turn_order", ("missing_assistant", "bad_role_order"), _turn_order, _turn_order_batch, answered=True),
     Check("turn_text", ("empty_assistant", "empty_prompt"), _turn_text, _turn_text_batch, answered=True),
     Check("placeholders", ("unfilled_placeholder",), _placeholders, _placeholders_batch),
+    Check("preference_pair", ("empty_rejected", "identical_pair"), _preference_pair, _preference_pair_batch,
+          answered=True),
 ]
 
 
