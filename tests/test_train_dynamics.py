@@ -84,9 +84,19 @@ def test_a_resumed_run_writes_the_same_file(intents, classify_run, tmp_path):
     assert (run / "dynamics.arrow").read_bytes() == (classify_run / "dynamics.arrow").read_bytes()
 
 
-def test_a_run_shorter_than_an_epoch_records_evaluation_passes(intents, tmp_path):
+def test_a_run_shorter_than_an_epoch_records_the_rows_drawn_unless_told_to_pass_over_all(intents, tmp_path):
+    notes: list[str] = []
+    auto = Trainer(_classify(intents, tmp_path / "auto", max_steps=4, eval_every=2, save_every=100), progress=False)
+    auto.echo = notes.append
+    auto.fit()
+    table, meta = read_dynamics(tmp_path / "auto")
+    assert meta["source"] == "train_forward"  # no extra pass nobody asked for
+    assert len(set(table.column("id").to_pylist())) <= 4 * 8  # at most the rows drawn (batch 8)
+    assert any("dynamics_pass: eval scores every row" in n and "more compute" in n for n in notes)
+
     run = tmp_path / "short"
-    Trainer(_classify(intents, run, max_steps=4, eval_every=2, save_every=100), progress=False).fit()
+    Trainer(_classify(intents, run, max_steps=4, eval_every=2, save_every=100, dynamics_pass="eval"),
+            progress=False).fit()
     table, meta = read_dynamics(run)
     assert meta["source"] == "eval_pass"
     ids, passes = table.column("id").to_pylist(), table.column("pass").to_pylist()
