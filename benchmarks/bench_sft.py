@@ -427,7 +427,7 @@ def train_settings(arm: str, data: str, output: Path, seed: int, args: argparse.
             "curriculum": False, "lora": {"r": 8, "alpha": 16, "dropout": 0.05,
                                           "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]},
             "eval_fraction": 0.0, "save_every": 10 ** 6, "keep_checkpoints": 1, "log_every": 5,
-            "tensorboard": False}
+            "tensorboard": False, "dynamics": False}  # per-row dynamics measure nothing here
 
 
 def train(arm: str, data: str, seed: int, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
