@@ -629,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default="a,b,c")
-    parser.add_argument("--ablate", action="store_true", help="(b) with one stage off at a time (+ consistency drop)")
+    parser.add_argument("--ablate", nargs="?", const="all", default=None, metavar="ARMS",
+                        help=f"(b) with one stage off at a time: all, or some of {','.join(ABLATE)}")
     parser.add_argument("--no-base", action="store_true", help="leave out the model before fine-tuning")
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
@@ -641,7 +642,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
-    arms = ["b", *ABLATE] if args.ablate else [a for a in args.arms.split(",") if a]
+    if args.ablate is not None:
+        chosen = list(ABLATE) if args.ablate == "all" else [a for a in args.ablate.split(",") if a]
+        unknown = [a for a in chosen if a not in ABLATE]
+        if unknown:
+            parser.error(f"--ablate: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ABLATE)}")
+    arms = ["b", *chosen] if args.ablate is not None else [a for a in args.arms.split(",") if a]
     settings = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "max_length", "max_new_tokens", "data_seed")}
     jobs = [(arm, seed) for seed in seeds for arm in arms]
     jobs[len(arms):len(arms)] = [] if args.no_base else [("base", 0)]  # the reference, after the first seed
@@ -668,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         h.wait()
     text = table(arms, seeds, settings, pipes)
     print(text)
-    out = Path(str(RESULTS) + ("_ablate" if args.ablate else "") + ".md")
+    out = Path(str(RESULTS) + ("_ablate" if args.ablate is not None else "") + ".md")
     write_atomic(out, f"# bench_sft ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\nsettings: "
                       f"{json.dumps(settings)}\n\n{text}\n\nPipelines (rows kept by planted tag):\n\n"
                       + "\n".join(f"- {a}: {pipes[a]['kept_by_tag']}" for a in dict.fromkeys(arms)) + "\n")
