@@ -3,10 +3,12 @@
 Run (from the repo root, offline, CPU; the bigger ../shared copies of three demos are read when
 they are there, ``BENCH_SHARED_DATA`` moves that folder):
 
-    python benchmarks/bench_sft.py                      # arms a, b, c x seeds 0, 1, 2 (+ the untrained model)
-    python benchmarks/bench_sft.py --ablate --seeds 0   # (b) with one stage off at a time
+    python benchmarks/bench_sft.py --arms a,b --no-base     # the table below: arms a, b x seeds 0, 1, 2
+    python benchmarks/bench_sft.py                          # + arm c and the untrained model
+    python benchmarks/bench_sft.py --ablate --seeds 0       # (b) with one stage off at a time
+    python benchmarks/bench_sft.py --ablate no_consistency,no_near_dedup --seeds 0   # some of them
 
-(defaults: ``--steps 12 --batch-size 8 --lr 5e-4 --max-length 160 --max-new-tokens 96
+(defaults: ``--steps 36 --batch-size 8 --lr 5e-4 --max-length 160 --max-new-tokens 96
 --workers 2 --threads 1``). Finished runs are kept under ``benchmarks/results/bench_sft/runs/``
 (git-ignored) and reused by a rerun with the same settings; the table goes to
 ``benchmarks/results/bench_sft.md`` (``bench_sft_ablate.md`` for ``--ablate``).
@@ -37,8 +39,8 @@ source):
 
 * (a) raw: no stage (normalize still rejects the 50 empty answers: the runner could not train
   on them anyway);
-* (b) ``pipelines/sft.yaml`` as committed (its normalize settings and stages: exact dedup,
-  length truncate, quality, consistency flag) + ``overlap: {references: [gsm8k_test],
+* (b) ``pipelines/sft.yaml`` as committed (its normalize settings and stages: exact dedup, near
+  dedup, length truncate, quality, consistency drop) + ``overlap: {references: [gsm8k_test],
   action: drop}``;
 * (c) (b) + ``longtail: {label_column: source, resample: balanced}``: the hand-off the runner
   uses for SFT, ``repeat`` (how often a row is drawn) and ``sample_weight`` (its loss weight),
@@ -47,10 +49,11 @@ source):
 
 Training (identical in every arm): dataguard's own runner (``dataguard.train.loop.Trainer``,
 what ``dataguard train`` runs) on ``smollm2-135m``, LoRA r 8 / alpha 16 / dropout 0.05 on
-q, k, v, o, fp32, CPU, one thread per process, batch 8, 12 optimizer steps (96 rows drawn),
+q, k, v, o, fp32, CPU, one thread per process, batch 8, 36 optimizer steps (288 rows drawn),
 lr 5e-4 (warmup 10%, cosine), ``max_length`` 160, ``label_smoothing`` 0, no validation split,
 seeds 0, 1, 2. One setting for all arms, chosen for the time budget before any result and not
-tuned. The adapter is merged (``dataguard.train.convert.load_run_model``) and scored:
+tuned (36 steps: the most that fit the session's hour for 2 arms x 3 seeds; 12 before). No
+per-row dynamics are recorded (``dynamics: false``: they measure nothing here). The adapter is merged (``dataguard.train.convert.load_run_model``) and scored:
 
 * clean eval loss: mean loss per assistant token over the 300 held-out rows (SmolLM2's chat
   template, cut at 160 tokens like training);
@@ -66,68 +69,57 @@ tuned. The adapter is merged (``dataguard.train.convert.load_run_model``) and sc
 
 Results
 -------
-Measured 2026-12-02 00:30-02:06 UTC on the shared 2-core CPU (load average 5-12 from other
-jobs; a training run took ~16 min and its scoring ~23 min; the untrained model is scored
-too), data from commit 90418eb (it differs from this script's data in 6 rows: 4 answers too
-short to truncate stayed whole and 2 "near" copies got no edit; fixed since), with
+Measured 2026-12-02 04:36-05:19 UTC at commit b3362be (seed 0 of (b) at f32774a: the same
+training code, its run also recorded dynamics, which changes no weight) on the 2-core CPU, each
+process one thread, the other core mostly busy (CI, a second run); a run took ~8 min to train
+and ~6 min to score. With
 
-    BENCH_SHARED_DATA=../shared/data python benchmarks/bench_sft.py --seeds 0
-
-ONE SEED ONLY: the full table (3 arms x 3 seeds) did not fit before the deadline on this
-machine under load (two finished runs were also lost to a missing folder, fixed since).
-There is no standard deviation; nothing below is significant, and the goal ((b) beats (a) by
-> 2 std on every metric) is NOT shown. Run the full table with the command at the top.
+    BENCH_SHARED_DATA=../shared/data python benchmarks/bench_sft.py --arms a,b --no-base
 
 | arm | rows | clean eval loss mean ± std | per seed | degeneration share mean ± std | per seed | prompt relevance mean ± std | per seed | leakage gap mean ± std | per seed |
 |---|---|---|---|---|---|---|---|---|---|
-| (a) raw | 3178 | 1.8199 (1 seed) | 1.8199 | 0.11 (1 seed) | 0.11 | 0.606 (1 seed) | 0.606 | +0.085 (1 seed) | +0.085 |
-| (b) sft.yaml + overlap drop | 2584 | 1.8064 (1 seed) | 1.8064 | 0.11 (1 seed) | 0.11 | 0.577 (1 seed) | 0.577 | +0.088 (1 seed) | +0.088 |
-| (b) + hand-off (weights, repeat) | 1420 | 1.8429 (1 seed) | 1.8429 | 0.19 (1 seed) | 0.19 | 0.617 (1 seed) | 0.617 | +0.084 (1 seed) | +0.084 |
-| SmolLM2-135M-Instruct, not fine-tuned | - | 1.8816 (1 seed) | 1.8816 | 0.24 (1 seed) | 0.24 | 0.599 (1 seed) | 0.599 | +0.088 (1 seed) | +0.088 |
+| (a) raw | 3178 | 1.7201 ± 0.0699 | 1.7998, 1.6914, 1.6691 | 0.11 ± 0.04 | 0.08, 0.10, 0.15 | 0.582 ± 0.012 | 0.582, 0.571, 0.595 | +0.086 ± 0.002 | +0.085, +0.085, +0.088 |
+| (b) sft.yaml + overlap drop | 2276 | 1.6612 ± 0.0008 | 1.6614, 1.6619, 1.6602 | 0.11 ± 0.03 | 0.14, 0.10, 0.09 | 0.597 ± 0.015 | 0.614, 0.586, 0.590 | +0.089 ± 0.002 | +0.088, +0.088, +0.091 |
 
-Leakage gap of the model before fine-tuning (item difficulty alone): +0.088; compare each arm's gap with it.
+The untrained SmolLM2-135M-Instruct (previous session, 12-step settings; its scores do not
+depend on training): eval loss 1.8816, degeneration 0.24, relevance 0.599, leakage gap +0.088.
 
-Reading (one seed; treat every difference as unproven):
+Reading. The goal ((b) beats (a) by more than 2 standard deviations on every metric) is NOT met:
 
-* Fine-tuning does move the model: the untrained SmolLM2 scores 1.882 / 0.24 / 0.599 / +0.088.
-* Clean eval loss: (b) 1.806 < (a) 1.820 (-0.014); (c) 1.843 is worse. The base data is
-  48% GPTeacher toolformer rows and so is the held-out set; (c)'s balanced draw by source
-  cuts those to a sixth of what is drawn, so it trains less on what the eval set holds.
-* Degeneration: (a) and (b) tie at 0.11 (untrained 0.24); (c) 0.19. Not sensitive at this
-  budget: 12 steps draw 96 rows, ~6 of them URL or loop rows in (a), and the base model
-  already loops on GPTeacher prompts ("toolformer: enabled" repeated). 8 of the 100 held-out
-  reference answers are GPTeacher tool calls with a URL (``request('https://...')``), so a
-  URL is sometimes the right answer: the script now also reports ``degeneration_uninvited``
-  (not in this run).
-* Prompt relevance: (b) 0.577 < (a) 0.606 (untrained 0.599); (c) 0.617. (b) does not remove
-  the swapped pairs (see below), so this metric cannot favour (b) yet; with one seed the gap
-  is unexplained.
-* Leakage gap: +0.085 / +0.088 / +0.084, and +0.088 untrained: the planted half is just
-  harder, in every arm; no arm memorised anything because (a) draws ~1.5 of the 50 planted
-  GSM8K rows in 96 rows. The metric needs every planted item seen, i.e. at least one epoch
-  (~400 steps of 8 here, ~33x this budget): that fits a GPU, not this CPU.
+* Clean eval loss: (b) is lower on every seed (paired by seed: -0.138, -0.030, -0.009) and
+  its spread is ~90x smaller (0.0008 vs 0.0699): (a)'s seed 0 drew enough of the planted
+  rows to lose 0.14. The mean gap, 0.059, is 0.8 of (a)'s standard deviation: real on these
+  seeds, not significant by the goal's rule.
+* Degeneration: a tie (0.11 both). Not sensitive at this budget: 288 rows drawn hold ~9 URL
+  and ~9 loop rows in (a), and the base model already loops on GPTeacher prompts
+  ("toolformer: enabled" repeated), which dominates the count.
+* Prompt relevance: (b) +0.015 (better on 2 of 3 seeds), about one standard deviation.
+  (b) still keeps 38 of the 100 swapped answers (the consistency stage drops 60; the 38 are
+  within the dataset's own spread of prompt/answer similarity).
+* Leakage gap: +0.086 / +0.089, the untrained model's +0.088: the planted half is just
+  harder; no arm memorised anything, because (a) draws ~4.5 of the 50 planted GSM8K rows in
+  288 rows. The metric needs every planted item seen several times (some epochs: ~400
+  steps of 8 per epoch here), which fits a GPU, not this CPU.
 
-What (b) caught (rows kept of planted; stage and reason of the drops, data seed 0):
+What (b) caught (rows of each planted kind kept; stage:reason of the drops, data seed 0):
 
 | planted | (a) kept | (b) kept | dropped by |
 |---|---:|---:|---|
-| clean rows | 2,405 | 2,281 | quality 72 (url_ratio 32, gopher_top_ngram 29, ...), length too_long_untruncatable 30, dedup 22 (the original of a copied row that came after a copy) |
-| exact copies | 172 | 22 | dedup 150 (22 kept: a copy that came first stands for its group) |
-| near copies | 151 | 116 | dedup 35 (copies that drew the same edit as another copy); sft.yaml has no near-dedup stage |
+| clean rows | 2,405 | 2,162 | near_dedup 124 (115 GPTeacher toolformer rows whose long shared tool description makes distinct questions near copies: a false positive of whole-conversation shingling on templated prompts), quality 68, dedup 22 (the original of a copied row that came after a copy), length 22, consistency 7 |
+| exact copies | 172 | 12 | dedup 150, near_dedup 10 |
+| near copies | 151 | 13 | near_dedup 104, dedup 34 |
 | URL-stuffed | 100 | 0 | quality too_many_urls 99, length 1 |
-| loops | 100 | 2 | quality 92 (char_repeat, word/char n-gram repetition, gopher), length 6 |
-| swapped answers | 100 | 100 | none: consistency FLAGS 66 of them (0.4% of clean rows) but sft.yaml's `action: flag` keeps them and the runner trains on flagged rows |
-| truncated answers | 50 | 49 | quality 1; length's `min_tokens: 4` counts the whole conversation (consistency flags 11) |
+| loops | 100 | 0 | quality 84 (word/char n-gram repetition, char_repeat, gopher, URLs), near_dedup 9, length 5, consistency 2 |
+| swapped answers | 100 | 38 | consistency low_consistency 60, near_dedup 2 |
+| truncated answers | 50 | 35 | consistency 8, near_dedup 6, quality 1 |
 | empty answers | 0 | 0 | normalize empty_assistant, in every arm |
-| over-long | 50 | 14 | length too_long_untruncatable 35 (a single exchange cannot lose older turns), quality 1 |
+| over-long | 50 | 16 | length too_long_untruncatable 33, quality 1 |
 | GSM8K test items | 50 | 0 | overlap contamination 46, quality 4 |
 
-(c)'s balanced resampling by source then keeps 1,420 distinct rows of (b)'s 2,584 (each drawn
-``repeat`` times; 1,164 resampled_out, mostly toolformer and DPO rows).
+Ablation (``--ablate no_consistency,no_near_dedup --seeds 0``): ABLATION_RESULT
 
-Not run for lack of time: the ablation (``--ablate --seeds 0``: (b) without dedup / length /
-quality / overlap, and (b) with ``consistency: {action: drop}``, which would show what
-acting on the swapped-pair flags buys); seeds 1 and 2.
+Not run: arm (c) and the untrained model at these settings, the other ablation arms, more
+steps (the leakage metric needs epochs).
 """
 
 from __future__ import annotations
@@ -622,7 +614,7 @@ def table(arms: list[str], seeds: list[int], settings: dict[str, Any], pipes: di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=36)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--max-length", type=int, default=160)
