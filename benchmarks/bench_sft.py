@@ -116,10 +116,21 @@ What (b) caught (rows of each planted kind kept; stage:reason of the drops, data
 | over-long | 50 | 16 | length too_long_untruncatable 33, quality 1 |
 | GSM8K test items | 50 | 0 | overlap contamination 46, quality 4 |
 
-Ablation (``--ablate no_consistency,no_near_dedup --seeds 0``): ABLATION_RESULT
+Ablation (``--ablate no_consistency,no_near_dedup --seeds 0 --no-base``, 05:19-05:37 UTC, the
+two stages this session changed; one seed, so it cannot rank them: (b)'s own three seeds span
+0.586-0.614 in relevance and 0.09-0.14 in degeneration):
 
-Not run: arm (c) and the untrained model at these settings, the other ablation arms, more
-steps (the leakage metric needs epochs).
+| arm (seed 0) | rows | clean eval loss | degeneration | prompt relevance | leakage gap |
+|---|---:|---:|---:|---:|---:|
+| (b) | 2,276 | 1.6614 | 0.14 | 0.614 | +0.088 |
+| (b) without consistency (98 of 100 swapped answers kept) | 2,353 | 1.6617 | 0.11 | 0.601 | +0.090 |
+| (b) without near_dedup (117 near copies and 110 more clean rows kept) | 2,496 | 1.6530 | 0.12 | 0.579 | +0.092 |
+
+Every difference is inside (b)'s seed-to-seed spread; ranking the stages needs at least three
+seeds per arm and more steps (about 14 min per run here).
+
+Not run: arm (c) and the untrained model at these settings, the other four ablation arms, more
+seeds for the ablation, more steps (the leakage metric needs epochs).
 """
 
 from __future__ import annotations
