@@ -27,6 +27,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-sync", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
          "--disable-dev-shm-usage", "--remote-debugging-pipe")
 
+STARTS = 2  # a hung start is retried once with a fresh process
+
 
 class BrowserError(RuntimeError):
     """Chromium could not be started, or a DevTools command failed or timed out."""
@@ -61,6 +63,24 @@ class Chromium:
         if not exe:
             raise BrowserError("chromium not found (run scripts/install_chromium.sh)")
         self.timeout = timeout
+        for attempt in range(STARTS):
+            self._launch(exe, width, height)
+            try:
+                target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
+                break
+            except BrowserError:
+                self._kill()  # a start that hangs (seen once in CI): a fresh process and profile
+                if attempt == STARTS - 1:
+                    raise
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
+                                 session=False)["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.send(f"{domain}.enable")
+        self.send("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+
+    def _launch(self, exe: str, width: int, height: int) -> None:
+        """Start one Chromium on a fresh profile, its DevTools pipe on fds 3 and 4."""
         self._profile = tempfile.mkdtemp(prefix="dataguard-chromium-")
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
@@ -81,39 +101,47 @@ class Chromium:
         self._replies: dict[int, dict] = {}
         self._events: queue.Queue[dict] = queue.Queue()
         self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read_loop, daemon=True)
+        # the reader holds this process's pipe and reply table: a killed start's reader never
+        # touches the next start's
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        args=(self._from_child_r, self._replies, self._cond, self._events))
         self._reader.start()
         self.session: str | None = None
-        target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
-                                 session=False)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.send(f"{domain}.enable")
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
 
-    def _read_loop(self) -> None:
+    def _kill(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        self._reader.join(timeout=5)  # it sees the pipe close and ends
+        for fd in (self._to_child_w, self._from_child_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        shutil.rmtree(self._profile, ignore_errors=True)
+
+    def _read_loop(self, fd: int, replies: dict[int, dict], cond: threading.Condition,
+                   events: queue.Queue[dict]) -> None:
         buf = b""
         while True:
             try:
-                chunk = os.read(self._from_child_r, 1 << 16)
+                chunk = os.read(fd, 1 << 16)
             except OSError:
                 chunk = b""
             if not chunk:
-                with self._cond:
-                    self._replies[-1] = {"error": {"message": "chromium closed the pipe"}}
-                    self._cond.notify_all()
+                with cond:
+                    replies[-1] = {"error": {"message": "chromium closed the pipe"}}
+                    cond.notify_all()
                 return
             buf += chunk
             while b"\0" in buf:
                 raw, buf = buf.split(b"\0", 1)
                 msg = json.loads(raw)
                 if "id" in msg:
-                    with self._cond:
-                        self._replies[msg["id"]] = msg
-                        self._cond.notify_all()
+                    with cond:
+                        replies[msg["id"]] = msg
+                        cond.notify_all()
                 else:
-                    self._events.put(msg)
+                    events.put(msg)
 
     def send(self, method: str, params: dict | None = None, session: bool = True) -> dict:
         """Send one DevTools command and wait for its result."""
