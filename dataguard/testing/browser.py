@@ -112,6 +112,10 @@ class Chromium:
         self._proc.kill()
         self._proc.wait()
         self._reader.join(timeout=5)  # it sees the pipe close and ends
+        self._release()
+
+    def _release(self) -> None:
+        """Close this start's pipe ends and remove its profile folder (ours: made by mkdtemp)."""
         for fd in (self._to_child_w, self._from_child_r):
             try:
                 os.close(fd)
@@ -247,12 +251,7 @@ class Chromium:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        for fd in (self._to_child_w, self._from_child_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        shutil.rmtree(self._profile, ignore_errors=True)
+        self._release()
 
     def __enter__(self) -> Chromium:
         return self
