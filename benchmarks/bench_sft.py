@@ -105,7 +105,7 @@ What (b) caught (rows of each planted kind kept; stage:reason of the drops, data
 
 | planted | (a) kept | (b) kept | dropped by |
 |---|---:|---:|---|
-| clean rows | 2,405 | 2,162 | near_dedup 124 (115 GPTeacher toolformer rows whose long shared tool description makes distinct questions near copies: a false positive of whole-conversation shingling on templated prompts), quality 68, dedup 22 (the original of a copied row that came after a copy), length 22, consistency 7 |
+| clean rows | 2,405 | 2,162 | near_dedup 124 (113 against another clean row: 77 real paraphrase copies in the source, 36 different requests sharing a tool description; see sft_near_pairs.py), quality 68, dedup 22 (the original of a copied row that came after a copy), length 22, consistency 7 |
 | exact copies | 172 | 12 | dedup 150, near_dedup 10 |
 | near copies | 151 | 13 | near_dedup 104, dedup 34 |
 | URL-stuffed | 100 | 0 | quality too_many_urls 99, length 1 |
