@@ -3,6 +3,17 @@
 Every stage reads and writes `pyarrow.Table`s whose first five columns follow
 `CANONICAL_SCHEMA`; stages append score columns after them. Rejected rows always
 follow `REJECTED_SCHEMA` so that they can be concatenated across stages.
+
+Preference pairs (DPO rows) have one canonical form: the prompt turns, then the chosen
+response as the final assistant turn, and the rejected response, as a plain string, in
+``meta["rejected"]``. Why there and not in a ``rejected`` column: a new column would change
+the schema, and so the bytes, of every run's shards, preference data or not, and a column
+added only to preference runs would give two shard schemas that every reader (the
+trainer, the report, a user's code) must tell apart. The meta field costs a JSON parse per
+pair, which the accessors below do only for rows whose meta names ``"rejected"``. Stages
+never parse meta themselves for it: they ask `rejected_texts` (the rejected response of
+each row, None for other rows) or `pair_responses` (both responses), and write a changed
+rejected response back with `with_rejected`.
 """
 
 from __future__ import annotations
@@ -210,3 +221,71 @@ def response_texts(table: pa.Table) -> list[str]:
 
 def full_texts(table: pa.Table) -> list[str]:
     return message_texts(table, ROLES)
+
+
+REJECTED_KEY = "rejected"
+_REJECTED_MARK = f'"{REJECTED_KEY}":'  # how json_dumps writes the key: rows without it are no pairs
+
+
+def rejected_of(meta: Any) -> str | None:
+    """The rejected response a row's meta (JSON text, or the parsed object) holds, or None."""
+    if meta is None:
+        return None
+    try:
+        value = json.loads(meta) if isinstance(meta, str) else meta
+    except ValueError:
+        return None
+    rejected = value.get(REJECTED_KEY) if isinstance(value, dict) else None
+    return rejected if isinstance(rejected, str) else None
+
+
+def _pair_rows(table: pa.Table) -> np.ndarray:
+    """Positions of the rows whose meta may hold a rejected response (a cheap substring test)."""
+    if table.num_rows == 0 or "meta" not in table.column_names:
+        return np.zeros(0, np.int64)
+    hits = pc.fill_null(pc.match_substring(table.column("meta"), _REJECTED_MARK), False)
+    return np.flatnonzero(hits.to_numpy(zero_copy_only=False))
+
+
+def rejected_texts(table: pa.Table) -> list[str | None]:
+    """The rejected response of each row: a string for a preference pair, None otherwise."""
+    out: list[str | None] = [None] * table.num_rows
+    rows = _pair_rows(table)
+    if len(rows):
+        metas = table.column("meta").take(pa.array(rows)).to_pylist()
+        for i, meta in zip(rows.tolist(), metas, strict=True):
+            out[i] = rejected_of(meta)
+    return out
+
+
+def has_pairs(table: pa.Table) -> bool:
+    """Whether any row of the table is a preference pair."""
+    return any(r is not None for r in rejected_texts(table))
+
+
+def pair_responses(table: pa.Table) -> list[tuple[str, str] | None]:
+    """(chosen, rejected) of each preference pair (the final assistant turn and
+    ``meta["rejected"]``), None for other rows: "the two responses of this row"."""
+    rejected = rejected_texts(table)
+    out: list[tuple[str, str] | None] = [None] * len(rejected)
+    pairs = [i for i, r in enumerate(rejected) if r is not None]
+    if not pairs:
+        return out
+    msgs = table.column("messages").take(pa.array(pairs)).to_pylist()
+    for i, turns in zip(pairs, msgs, strict=True):
+        if turns and turns[-1]["role"] == "assistant":
+            out[i] = (turns[-1]["content"] or "", rejected[i] or "")
+    return out
+
+
+def with_rejected(table: pa.Table, texts: Mapping[int, str]) -> pa.Table:
+    """The table with the rejected response of the rows in ``texts`` (position -> text)
+    replaced, e.g. after truncation or masking; every other meta value stays byte-equal."""
+    if not texts:
+        return table
+    metas = table.column("meta").to_pylist()
+    for i, text in texts.items():
+        value = json.loads(metas[i])
+        value[REJECTED_KEY] = text
+        metas[i] = json_dumps(value)
+    return set_column(table, "meta", pa.array(metas, pa.string()))

@@ -9,7 +9,9 @@ the fields each reads. Auto-detection tries them in ``TEMPLATES`` order, by anch
 * ``alpaca`` (``instruction``, unless Dolly's fields without ``output``; a nested
   Self-Instruct record is ``unknown_format``), ``dolly`` (``instruction`` with ``context``
   or ``response``);
-* ``prompt_completion`` (``prompt``);
+* ``prompt_completion`` (``prompt``; also TRL's ``prompt``/``chosen``/``rejected`` pairs);
+* ``preference`` (``chosen`` and ``rejected`` as two whole conversations: Anthropic HH
+  transcripts or TRL's implicit-prompt turn lists);
 * ``labelled_text`` (a text field and a label field).
 
 A forced format (``SourceOptions.format``) skips detection; its anchor field must be
@@ -31,16 +33,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dataguard.formats import alpaca, dolly, labelled_text, messages, prompt_completion, sharegpt
+from dataguard.formats import alpaca, dolly, labelled_text, messages, preference, prompt_completion, sharegpt
 from dataguard.formats.base import Mapped, Reject, Template, TwoTurnRows
 from dataguard.formats.checks import CHECK_REASONS, Context, check_record, passing_rows
 from dataguard.io.raw import SourceOptions
 
 # Auto-detection order.
 TEMPLATES: tuple[Template, ...] = (messages.TEMPLATE, sharegpt.TEMPLATE, alpaca.TEMPLATE, dolly.TEMPLATE,
-                                   prompt_completion.TEMPLATE, labelled_text.TEMPLATE)
+                                   prompt_completion.TEMPLATE, preference.TEMPLATE, labelled_text.TEMPLATE)
 BY_NAME = {t.name: t for t in TEMPLATES}
-FORMATS = ("alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "labelled_text")
+FORMATS = ("alpaca", "sharegpt", "messages", "dolly", "prompt_completion", "preference", "labelled_text")
 
 # Every reason code a template or a record check raises: code -> what it means.
 REASONS = {
@@ -50,6 +52,7 @@ REASONS = {
     "wrong_type": "a field or content of the wrong JSON type",
     "unknown_role": "a role name that maps to no canonical role",
     "non_text_content": "an image/audio content part",
+    **preference.REASONS,
     **CHECK_REASONS,
 }
 

@@ -157,9 +157,7 @@ def _placeholders_batch(rows: TwoTurnRows, ctx: Context) -> Iterable[int]:
 def _preference_pair(mapped: Mapped, ctx: Context) -> None:
     if "rejected" not in mapped.meta or not mapped.turns:
         return
-    rejected = mapped.meta["rejected"]
-    if isinstance(rejected, dict):  # ShareGPT's {"from": "gpt", "value": ...}
-        rejected = rejected.get("value", rejected.get("content"))
+    rejected = mapped.meta["rejected"]  # text or None: the templates map every response shape to text
     if rejected is None or (isinstance(rejected, str) and not rejected.strip()):
         raise Reject("empty_rejected", "the pair's rejected response is empty")
     if isinstance(rejected, str) and " ".join(rejected.split()) == " ".join(mapped.turns[-1][1].split()):

@@ -6,7 +6,9 @@ Role names map to ``system``/``user``/``assistant``/``tool`` (``ROLE_MAP``); a
 text, keeps the call as JSON content and is listed in ``meta["call_turns"]``. Content is a
 string or a list of parts [{type: "text", text|value}] joined with "\\n". Preference data
 (``chosen``/``rejected``): the chosen response becomes the final assistant turn, the
-rejected one is kept in ``meta["rejected"]``.
+rejected one is kept in ``meta["rejected"]`` as plain text (the canonical pair,
+``dataguard/records.py``); each response may be a string, a turn object or a list of turns
+ending with the assistant's (``response_text``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,22 @@ def map_turns(turns: Any, field_name: str, meta: dict[str, Any]) -> tuple[list[t
     return out, calls
 
 
+def response_text(value: Any, name: str) -> str | None:
+    """One response of a preference pair as text: a string, a turn ({from, value} /
+    {role, content}), a list of turns whose last one is the assistant's (TRL's
+    conversational shape), or a list of content parts. None stays None (no response)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        value = [value]
+    if isinstance(value, list) and value and all(isinstance(t, dict) and ("role" in t or "from" in t) for t in value):
+        turns, _ = map_turns(value, name, {})
+        if turns[-1][0] != "assistant":
+            raise Reject("missing_assistant", f"field {name!r} ends with a {turns[-1][0]} turn, not the response")
+        return turns[-1][1]
+    return content_text(value, name)
+
+
 def map_conversation(rec: dict[str, Any], key: str, fmt: str) -> Mapped:
     """A record whose ``key`` holds the turn list (plus optional system, chosen/rejected, label)."""
     meta: dict[str, Any] = {}
@@ -101,17 +119,8 @@ def map_conversation(rec: dict[str, Any], key: str, fmt: str) -> Mapped:
         calls = [c + 1 for c in calls]
     used = {key, "system", "label"}
     if "chosen" in rec and rec["chosen"] is not None:
-        chosen = rec["chosen"]
-        if isinstance(chosen, dict):
-            chosen_turns, _ = map_turns([chosen], "chosen", {})
-            chosen_text = chosen_turns[0][1]
-        else:
-            chosen_text = content_text(chosen, "chosen")
-        turns.append(("assistant", chosen_text))
-        rejected = rec.get("rejected")
-        if isinstance(rejected, dict):
-            rejected = rejected.get("value", rejected.get("content"))
-        meta["rejected"] = rejected
+        turns.append(("assistant", response_text(rec["chosen"], "chosen") or ""))
+        meta["rejected"] = response_text(rec.get("rejected"), "rejected")
         used |= {"chosen", "rejected"}
     label = label_str(rec.get("label"), "label")
     for k, v in rec.items():

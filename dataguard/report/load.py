@@ -289,6 +289,8 @@ def collect(output_dir: str | Path, per_reason: int = SAMPLES_PER_REASON) -> dic
             "summary": desc.get("summary") if isinstance(desc.get("summary"), dict) else {},
             "blocks": [b for b in (desc.get("blocks") or []) if isinstance(b, dict)],
         })
+        if isinstance(desc.get("pairs"), dict):  # a stage's preference-pair balance (preference runs)
+            stage_models[-1]["pairs"] = desc["pairs"]
 
     checks = _checks(manifest, out_dir)
     key_checks = [c for c in checks if c["key"]]

@@ -244,6 +244,22 @@ def _blocks(blocks: list[dict]) -> list[str]:
     return out
 
 
+def _pairs(m: dict[str, Any]) -> str:
+    """Preference runs: the balance of chosen vs rejected responses that stages measured
+    (length by the normalizer, quality rules by the quality stage), in one section."""
+    parts = []
+    for s in m.get("stages") or []:
+        pairs = s.get("pairs")
+        if isinstance(pairs, dict):
+            parts.append(f"<h3>{esc(str(pairs.get('title') or s.get('name')))}</h3>"
+                         + summary_grid(pairs.get("summary") or {})
+                         + "".join(_blocks([b for b in pairs.get("blocks") or [] if isinstance(b, dict)])))
+    if not parts:
+        return ""
+    return ('<p class="lead">Length is the known confound of preference data: a policy trained on pairs whose '
+            "chosen response is mostly the longer one learns length as much as the preference.</p>" + "".join(parts))
+
+
 def _short(text: str, n: int = 140) -> str:
     text = " ".join(str(text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -337,6 +353,9 @@ def render_html(m: dict[str, Any]) -> str:
     if m.get("training_rows"):  # rows a training run's guard named, at the training page's anchors
         page.section("Rows named by training", training_rows.section(m["training_rows"], page.ids),
                      "training-rows", tag=f"{len(m['training_rows'])} row(s)")
+    pairs = _pairs(m)
+    if pairs:
+        page.section("Preference pairs: chosen vs rejected", pairs, "pairs")
     anchors = {(r["stage"], r["reason"]): r.get("_anchor") for r in m.get("reasons") or []}
     for k, s in enumerate(m.get("stages") or []):
         rej = s.get("rows_rejected")

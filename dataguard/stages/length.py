@@ -14,6 +14,9 @@ smaller of both. ``apply`` rejects records under ``min_tokens`` content tokens
   boundary (``keep_final_assistant=False`` or ``cut_final=True``). A record that still does
   not fit is rejected as ``too_long_untruncatable``. Kept rows get ``truncated``,
   ``tokens_before`` and ``tokens_after`` (and updated ``message_tokens``/``n_tokens``).
+
+A preference pair is as long as its longer side (prompt + chosen, or prompt + rejected), and
+both sides are truncated with one prompt: `dataguard.stages.length_pairs`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.params import FLAG, OPTIONAL_NAME, Interval, Options
-from dataguard.records import flat_messages, reject_rows, set_column
+from dataguard.records import flat_messages, reject_rows, rejected_texts, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.length_pairs import pair_totals
 from dataguard.stages.length_report import describe_length
 from dataguard.stages.length_truncate import MAX_EXAMPLES, plan_rows, rewrite_rows
 from dataguard.tally import Tally
@@ -152,6 +156,7 @@ class LengthStage(Stage):
             content = flat.field("content")
             contents = (pc.fill_null(content, "") if content.null_count else content).to_pylist()
         counts, totals = self._count(offsets, roles, contents)
+        totals = pair_totals(self.tokenizer, totals, counts, offsets, rejected_texts(batch))
         per_msg = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(counts.astype(np.int32)))
         batch = set_column(batch, "message_tokens", per_msg)
         return set_column(batch, "n_tokens", pa.array(totals.astype(np.int32), pa.int32()))
@@ -185,10 +190,10 @@ class LengthStage(Stage):
         stats = Tally(counts=Counter(rows_in=n, tokens_in=int(n_tokens.sum())))
         examples: list[dict[str, Any]] = []
 
-        reasons, details, new_msgs, new_counts = plan_rows(self, n_tokens, content_tokens, offsets, roles, contents,
-                                                           msg_tokens)
+        reasons, details, new_msgs, new_counts, new_rejected = plan_rows(
+            self, n_tokens, content_tokens, offsets, roles, contents, msg_tokens, rejected_texts(batch))
         batch, tokens_before, tokens_after, truncated = rewrite_rows(self, batch, n_tokens, offsets, new_msgs,
-                                                                     new_counts, stats, examples)
+                                                                     new_counts, new_rejected, stats, examples)
         reject_mask = np.array([r is not None for r in reasons], dtype=bool)
         rej_idx = np.flatnonzero(reject_mask)
         rejected = reject_rows(batch, reject_mask, self.name, [reasons[i] for i in rej_idx],

@@ -8,12 +8,13 @@ cap that way (the length stage rejects it as ``too_long_untruncatable``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from dataguard.records import MESSAGES_TYPE, set_column
+from dataguard.records import MESSAGES_TYPE, rejected_of, set_column, with_rejected
 
 if TYPE_CHECKING:
     from dataguard.stages.length import LengthStage
@@ -63,9 +64,7 @@ def truncate_turns(roles: list[str], contents: list[str], counts: list[int], cap
         allowed = counts[last] - over
         if allowed <= 0:
             return None
-        ids = tok.encode_batch([contents[last]])[0][:allowed]
-        text = tok.decode(ids).rstrip("\ufffd")
-        new_count = int(tok.count_batch([text])[0])
+        text, new_count = cut_text(tok, contents[last], allowed)
         msgs = [{"role": roles[j], "content": (text if j == last else contents[j])} for j in sel]
         new_counts = [new_count if j == last else counts[j] for j in sel]
         if sum(new_counts) + tok.template_overhead(tuple(m["role"] for m in msgs)) > cap:
@@ -74,11 +73,44 @@ def truncate_turns(roles: list[str], contents: list[str], counts: list[int], cap
     return [{"role": roles[j], "content": contents[j]} for j in sel], [counts[j] for j in sel]
 
 
+def cut_text(tok: Any, text: str, allowed: int) -> tuple[str, int]:
+    """(``text`` cut to its first ``allowed`` tokens at a token boundary, its token count)."""
+    ids = tok.encode_batch([text])[0][:allowed]
+    cut = tok.decode(ids).rstrip("\ufffd")
+    return cut, int(tok.count_batch([cut])[0])
+
+
+def truncate_pair(roles: list[str], contents: list[str], counts: list[int], rejected: str, r_count: int, cap: int,
+                  tok: Any, *, keep_system: bool, cut_final: bool
+                  ) -> tuple[list[dict[str, str]], list[int], str, int] | None:
+    """(chosen conversation's messages and token counts, rejected response and its tokens),
+    every side within ``cap``; None when the pair cannot be brought under it."""
+    rejected_longer = r_count > counts[-1]
+    longer = (rejected, r_count) if rejected_longer else (contents[-1], counts[-1])
+    other = (contents[-1], counts[-1]) if rejected_longer else (rejected, r_count)
+    result = truncate_turns(roles, contents[:-1] + [longer[0]], counts[:-1] + [longer[1]], cap, tok,
+                            keep_system=keep_system, cut_final=cut_final)
+    if result is None:
+        return None
+    msgs, new_counts = result
+    longer = (msgs[-1]["content"], new_counts[-1])  # cut, when cut_final had to
+    if other[1] > longer[1]:  # the longer response was cut: the other gets the same budget
+        other = cut_text(tok, other[0], longer[1])
+        if other[1] > longer[1]:
+            return None
+    chosen, rejected_side = (other, longer) if rejected_longer else (longer, other)
+    msgs[-1] = {"role": msgs[-1]["role"], "content": chosen[0]}
+    new_counts[-1] = chosen[1]
+    return msgs, new_counts, rejected_side[0], rejected_side[1]
+
+
 def plan_rows(stage: LengthStage, n_tokens: np.ndarray, content_tokens: np.ndarray, offsets: np.ndarray,
-              roles: list[str], contents: list[str], msg_tokens: np.ndarray,
-              ) -> tuple[list[str | None], list[str | None], dict[int, list[dict[str, str]]], dict[int, list[int]]]:
+              roles: list[str], contents: list[str], msg_tokens: np.ndarray, rejected: Sequence[str | None],
+              ) -> tuple[list[str | None], list[str | None], dict[int, list[dict[str, str]]], dict[int, list[int]],
+                         dict[int, tuple[str, int]]]:
     """Per row: the reject reason and detail (too short, too long, untruncatable), or the
-    truncated messages and their token counts."""
+    truncated messages and their token counts (and, for a preference pair, its rejected
+    response and that response's tokens: `dataguard.stages.length_pairs`)."""
     n = len(n_tokens)
     reasons: list[str | None] = [None] * n
     details: list[str | None] = [None] * n
@@ -90,28 +122,41 @@ def plan_rows(stage: LengthStage, n_tokens: np.ndarray, content_tokens: np.ndarr
     long_rows = np.flatnonzero(~short & (n_tokens > cap)).tolist() if cap is not None else []
     new_msgs: dict[int, list[dict[str, str]]] = {}
     new_counts: dict[int, list[int]] = {}
+    new_rejected: dict[int, tuple[str, int]] = {}
     for i in long_rows:
         before = int(n_tokens[i])
+        s, e = int(offsets[i]), int(offsets[i + 1])
+        pair = rejected[i] is not None and e > s
+        r_count = int(stage.tokenizer.count_batch([rejected[i]])[0]) if pair else 0
+        side = "; the rejected response is the longer side" if pair and r_count > msg_tokens[e - 1] else ""
         if stage.action == "drop":
             reasons[i] = "too_long"
-            details[i] = f"n_tokens={before} > cap={cap}{stage._cap_note()}"
+            details[i] = f"n_tokens={before} > cap={cap}{stage._cap_note()}{side}"
             continue
-        s, e = int(offsets[i]), int(offsets[i + 1])
-        result = truncate_turns(roles[s:e], contents[s:e], msg_tokens[s:e].tolist(), cap, stage.tokenizer,
-                                keep_system=stage.keep_system, cut_final=stage.cut_final)
+        keep = {"keep_system": stage.keep_system, "cut_final": stage.cut_final}
+        counts = msg_tokens[s:e].tolist()
+        if pair:
+            result = truncate_pair(roles[s:e], contents[s:e], counts, rejected[i] or "", r_count, cap,
+                                   stage.tokenizer, **keep)
+        else:
+            result = truncate_turns(roles[s:e], contents[s:e], counts, cap, stage.tokenizer, **keep)
         if result is None:
             reasons[i] = "too_long_untruncatable"
             details[i] = (f"n_tokens={before} > cap={cap}{stage._cap_note()}; still over after removing "
-                          f"all removable history (system and final turn are protected)")
+                          f"all removable history (system and final turn are protected){side}")
             continue
-        new_msgs[i], new_counts[i] = result
-    return reasons, details, new_msgs, new_counts
+        new_msgs[i], new_counts[i] = result[0], result[1]
+        if pair:
+            new_rejected[i] = result[2], result[3]
+    return reasons, details, new_msgs, new_counts, new_rejected
 
 
 def rewrite_rows(stage: LengthStage, batch: pa.Table, n_tokens: np.ndarray, offsets: np.ndarray,
-                 new_msgs: dict[int, list[dict[str, str]]], new_counts: dict[int, list[int]], stats: Tally,
+                 new_msgs: dict[int, list[dict[str, str]]], new_counts: dict[int, list[int]],
+                 new_rejected: dict[int, tuple[str, int]], stats: Tally,
                  examples: list[dict[str, Any]]) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
-    """The batch with truncated rows rewritten and the before/after token columns."""
+    """The batch with truncated rows rewritten and the before/after token columns (a pair's
+    tokens: its longer side's)."""
     n = batch.num_rows
     tokens_before = n_tokens.copy()
     tokens_after = n_tokens.copy()
@@ -123,7 +168,9 @@ def rewrite_rows(stage: LengthStage, batch: pa.Table, n_tokens: np.ndarray, offs
         for i, msgs in new_msgs.items():
             msgs_py[i] = msgs
             per_msg_py[i] = new_counts[i]
-            tokens_after[i] = sum(new_counts[i]) + tok.template_overhead(tuple(m["role"] for m in msgs))
+            longer_final = max(new_counts[i][-1], new_rejected[i][1]) if i in new_rejected else new_counts[i][-1]
+            tokens_after[i] = (sum(new_counts[i][:-1]) + longer_final
+                               + tok.template_overhead(tuple(m["role"] for m in msgs)))
             truncated[i] = True
             stats.add("tokens_removed_by_truncation", int(tokens_before[i] - tokens_after[i]))
             if len(examples) < MAX_EXAMPLES:
@@ -131,6 +178,8 @@ def rewrite_rows(stage: LengthStage, batch: pa.Table, n_tokens: np.ndarray, offs
                                  "after": int(tokens_after[i]), "turns_before": int(offsets[i + 1] - offsets[i]),
                                  "turns_after": len(msgs)})
         batch = set_column(batch, "messages", pa.array(msgs_py, MESSAGES_TYPE))
+        batch = with_rejected(batch, {i: text for i, (text, _) in new_rejected.items()
+                                      if text != rejected_of(batch.column("meta")[i].as_py())})
         batch = set_column(batch, "message_tokens", pa.array(per_msg_py, pa.list_(pa.int32())))
         batch = set_column(batch, "n_tokens", pa.array(tokens_after.astype(np.int32), pa.int32()))
     batch = set_column(batch, "truncated", pa.array(truncated, pa.bool_()))

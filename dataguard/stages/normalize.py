@@ -57,6 +57,7 @@ from dataguard.stages.normalize_aliases import (
 )
 from dataguard.stages.normalize_stats import add_alias_counts, batch_stats, describe, totals
 from dataguard.stages.normalize_tables import MappedRow, kept_table, rejected_table, unwritable
+from dataguard.stages.pair_balance import describe_balance, tally_pairs
 
 STAGE_NAME = "normalize"
 
@@ -160,6 +161,7 @@ class Normalizer(Stage):
         for rows in groups:
             formats_seen[rows.fmt] += len(rows.index)
         stats = batch_stats(len(batch), kept.num_rows, formats_seen, rejects, aliases_applied)
+        tally_pairs(kept, stats)
         if plan:
             add_alias_counts(stats, options.name, alias_counts(batch, options, self.aliases, aliases_applied))
         return Outcome(kept=kept, rejected=rejected_table(batch.source, STAGE_NAME, rejects), stats=stats)
@@ -218,7 +220,11 @@ class Normalizer(Stage):
 
     def describe(self) -> dict[str, Any]:
         styles = self.placeholder_styles if self.check_placeholders else None
-        return describe(totals(self.tally), self.check_placeholders, styles)
+        out = describe(totals(self.tally), self.check_placeholders, styles)
+        pairs = describe_balance(self.tally)
+        if pairs is not None:  # preference runs only: other reports stay the same
+            out["pairs"] = pairs
+        return out
 
 
 def _rest_of(n: int, groups: list[TwoTurnRows]) -> Sequence[int]:

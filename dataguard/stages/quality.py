@@ -34,6 +34,9 @@ A side longer than ``max_text_bytes`` UTF-8 bytes (default 8 MiB, the readers' r
 limit) is not scored - scoring needs ~100 bytes of memory per character - and neither is one
 that alone runs out of memory: its score columns are null and the row is rejected as
 ``text_too_long`` before any other rule (that reason appears in the report only when used).
+
+Preference pairs: the rejected response is scored and judged too, and a pair whose chosen
+response alone fails is ``chosen_fails_quality`` (`dataguard.stages.quality_pairs`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ import pyarrow as pa
 from dataguard.params import FLAG, Interval, ListOf, MapOf, Options, Satisfies
 from dataguard.records import reject_rows
 from dataguard.stage import Outcome, Stage, StageConfigError
+from dataguard.stages.quality_pairs import MEANING as PAIR_MEANING
+from dataguard.stages.quality_pairs import REASON as PAIR_REASON
+from dataguard.stages.quality_pairs import judge_pairs, score_rejected
 from dataguard.stages.quality_report import describe_quality, reject_examples, reject_unscored
 from dataguard.stages.quality_rules import (
     DUP_DEFAULT,
@@ -106,7 +112,7 @@ class QualityStage(Stage):
         "gopher_min_words": [Interval(int, 0)],
         "max_text_bytes": [Interval(int, 1, MAX_TEXT_BYTES)],
     }
-    reasons = REASONS
+    reasons = {**REASONS, PAIR_REASON: PAIR_MEANING}
 
     def __init__(self, *, sides: Sequence[str] = ("prompt", "response"),
                  char_repeat_threshold: float | None = 0.3, ignore_whitespace_repeats: bool = True,
@@ -209,7 +215,8 @@ class QualityStage(Stage):
                 else:
                     fields.append(pa.field(col, typ))
                     columns.append(arr)
-        return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=batch.schema.metadata))
+        table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=batch.schema.metadata))
+        return score_rejected(self, table)
 
     # -- apply -----------------------------------------------------------------------------
     def _rules(self) -> list[tuple[str, str, float, str, bool]]:
@@ -265,6 +272,7 @@ class QualityStage(Stage):
                 if col in batch.column_names:
                     h, _ = np.histogram(np.clip(batch.column(col).to_numpy(zero_copy_only=False), 0, 1), HIST_EDGES)
                     stats.hist(col, h.astype(np.int64))
+        judge_pairs(self, batch, first_reason, details, stats)
         mask = np.array([r is not None for r in first_reason], dtype=bool)
         idx = np.flatnonzero(mask).tolist()
         rejected = reject_rows(batch, mask, self.name, [first_reason[i] for i in idx],

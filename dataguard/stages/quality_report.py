@@ -9,6 +9,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dataguard.stages.quality_pairs import REASON as PAIR_REASON
+from dataguard.stages.quality_pairs import SIDE as PAIR_SIDE
+from dataguard.stages.quality_pairs import describe_pairs
 from dataguard.stages.quality_rules import HIST_EDGES, HIST_SCORES, MAX_EXAMPLES, SIDES, SNIPPET, TOO_LONG
 from dataguard.tally import Tally
 from dataguard.text.message_pieces import side_bytes, side_texts
@@ -21,6 +24,8 @@ def describe_quality(stage: Any) -> dict[str, Any]:
     reasons = [r for r, *_ in stage._rules()]
     if failures.get(TOO_LONG):
         reasons.insert(0, TOO_LONG)  # only when it happened: ordinary reports stay the same
+    if rejected.get(PAIR_REASON):
+        reasons.append(PAIR_REASON)
     reasons = list(dict.fromkeys(reasons))
     summary: dict[str, Any] = {"rows_in": st.get("rows_in"), "rows_rejected": sum(rejected.values()),
                                "gopher_min_words": stage.gopher_min_words, "sides": ",".join(stage.sides)}
@@ -35,14 +40,19 @@ def describe_quality(stage: Any) -> dict[str, Any]:
     ]
     rule_thr = {score: thr for _, score, thr, _, _ in stage._rules()}
     for name in HIST_SCORES:
-        series = {side: st.hists[f"{side}_{name}"].tolist() for side in stage.sides if f"{side}_{name}" in st.hists}
+        series = {side: st.hists[f"{side}_{name}"].tolist() for side in (*stage.sides, PAIR_SIDE)
+                  if f"{side}_{name}" in st.hists}
         if series:
             blocks.append({"type": "histogram", "title": name.replace("_", " "), "edges": HIST_EDGES.round(2).tolist(),
                            "series": series, "x_label": name,
                            "markers": ([{"label": "threshold", "value": rule_thr[name]}] if name in rule_thr else [])})
     if st.items("examples"):
         blocks.append({"type": "examples", "title": "Rejected rows (first 20)", "items": st.items("examples")})
-    return {"title": "Repetition / URL quality filter", "summary": summary, "blocks": blocks}
+    out: dict[str, Any] = {"title": "Repetition / URL quality filter", "summary": summary, "blocks": blocks}
+    pairs = describe_pairs(stage)
+    if pairs is not None:  # preference runs only: other reports stay the same
+        out["pairs"] = pairs
+    return out
 
 
 def reject_unscored(batch: pa.Table, sides: Sequence[str], max_text_bytes: int, first_reason: list[str | None],

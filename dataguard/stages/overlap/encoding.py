@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.records import flat_messages
+from dataguard.records import flat_messages, has_pairs, rejected_texts
 from dataguard.text.ngrams import concat_ids, mix_ids, word_symbols
 from dataguard.text.normalize_text import (
     NormalizeConfig,
@@ -118,8 +118,16 @@ class ScanRows:
 
 
 def scan_rows(table: pa.Table, roles: Sequence[str], encoder: Encoder) -> ScanRows:
-    """Encode the messages with a scanned role, keeping each one's row and position."""
+    """Encode the messages with a scanned role, keeping each one's row and position (a
+    preference pair's rejected response is one more document: ``row_parts``)."""
     n_rows = table.num_rows
+    if "assistant" in roles and has_pairs(table):
+        parts = row_parts(table, roles)
+        texts = [c for one in parts for _, c in one]
+        doc_row = np.array([r for r, one in enumerate(parts) for _ in one], np.int64)
+        doc_local = np.array([i for one in parts for i, _ in one], np.int64)
+        symbols, starts = encoder.encode(texts)
+        return ScanRows(n_rows, texts, doc_row, doc_local, symbols, starts)
     lengths, flat = flat_messages(table)
     total = len(flat)
     row_of = np.repeat(np.arange(n_rows, dtype=np.int64), lengths)
@@ -135,7 +143,15 @@ def scan_rows(table: pa.Table, roles: Sequence[str], encoder: Encoder) -> ScanRo
 
 
 def row_parts(table: pa.Table, roles: Sequence[str]) -> list[list[tuple[int, str]]]:
-    """Per row, (index in the messages list, content) of each scanned message."""
+    """Per row, (index in the messages list, content) of each scanned message. When assistant
+    turns are scanned, a preference pair's rejected response follows as index
+    ``len(messages)``: a benchmark copied into either response contaminates the pair."""
     wanted = set(roles)
-    return [[(i, m["content"] or "") for i, m in enumerate(msgs or []) if m["role"] in wanted]
-            for msgs in table.column("messages").to_pylist()]
+    rejected = rejected_texts(table) if "assistant" in wanted else [None] * table.num_rows
+    out = []
+    for msgs, other in zip(table.column("messages").to_pylist(), rejected, strict=True):
+        parts = [(i, m["content"] or "") for i, m in enumerate(msgs or []) if m["role"] in wanted]
+        if other is not None:
+            parts.append((len(msgs or []), other))
+        out.append(parts)
+    return out

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataguard.records import MESSAGES_TYPE
+from dataguard.records import MESSAGES_TYPE, rejected_texts, with_rejected
 from dataguard.stages.overlap.encoding import Encoder, ScanRows
 from dataguard.stages.overlap.index import ReferenceIndex
 from dataguard.stages.overlap.measure import match
@@ -61,15 +61,22 @@ def mask_rows(table: pa.Table, spans: dict[int, Spans], contaminated: np.ndarray
     if not pending:
         return table, masked, emptied
     messages = table.column("messages").to_pylist()
+    rejected = rejected_texts(table)
+    cut_rejected: dict[int, str] = {}
     for r in pending:
         msgs = messages[r]
         for local, sp in spans[r].items():
-            msgs[local]["content"] = cut(msgs[local]["content"] or "", sp)
+            if local == len(msgs):  # a preference pair's rejected response (``row_parts``)
+                cut_rejected[r] = cut(rejected[r] or "", sp)
+            else:
+                msgs[local]["content"] = cut(msgs[local]["content"] or "", sp)
         masked[r] = True
-        emptied[r] = not any((m["content"] or "").strip() for m in msgs if m["role"] in roles)
+        # a pair left without a rejected response states no preference any more
+        emptied[r] = (not any((m["content"] or "").strip() for m in msgs if m["role"] in roles)
+                      or (r in cut_rejected and not cut_rejected[r].strip()))
     col = pa.array(messages, MESSAGES_TYPE)
     idx = table.column_names.index("messages")
-    return table.set_column(idx, "messages", col), masked, emptied
+    return with_rejected(table.set_column(idx, "messages", col), cut_rejected), masked, emptied
 
 
 def widen(text: str, s: int, e: int) -> tuple[int, int]:

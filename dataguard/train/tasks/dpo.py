@@ -18,7 +18,6 @@ whose chosen reward is higher) and the mean chosen / rejected rewards and their 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -31,14 +30,13 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
+from dataguard.records import rejected_of
 from dataguard.train.data.encode import Encoded, encode_sft
 from dataguard.train.errors import TrainDataError, TrainError
 from dataguard.train.optim.forward import ForwardOut
 from dataguard.train.optim.losses import IGNORE_INDEX, causal_lm_loss_per_row, normalised_share
 from dataguard.train.tasks.base import EvalTally, LossSettings, Task
 from dataguard.train.tasks.sft import SFTTask
-
-REJECTED_KEY = "rejected"
 
 
 @dataclass
@@ -101,7 +99,7 @@ class DPOTask(Task):
 
     def check_table(self, table: pa.Table, folder: Path) -> None:
         if "meta" not in table.column_names or not any(
-                _rejected_text(m) is not None for m in table.column("meta").to_pylist()):
+                rejected_of(m) is not None for m in table.column("meta").to_pylist()):
             raise TrainDataError(f"{folder}: task dpo needs preference pairs (a rejected response per row, "
                                  "e.g. ShareGPT's chosen/rejected or TRL's prompt/chosen/rejected columns); "
                                  "these shards have none")
@@ -129,7 +127,7 @@ class DPOTask(Task):
         metas = table.column("meta").to_pylist() if "meta" in table.column_names else [None] * table.num_rows
         keep, rejected_turns = [], []
         for i, (turns, meta) in enumerate(zip(messages, metas, strict=True)):
-            rejected = _rejected_text(meta)
+            rejected = rejected_of(meta)
             if not turns or turns[-1].get("role") != "assistant":
                 dropped["no_assistant_message"] += 1
             elif rejected is None:
@@ -216,18 +214,6 @@ def _reference(model: Any) -> Iterator[None]:
         yield
 
 
-def _rejected_text(meta: Any) -> str | None:
-    """The rejected response a row's ``meta`` (a JSON object, as shards store it) holds."""
-    if meta is None:
-        return None
-    try:
-        value = json.loads(meta) if isinstance(meta, str) else meta
-    except ValueError:
-        return None
-    rejected = value.get(REJECTED_KEY) if isinstance(value, dict) else None
-    if isinstance(rejected, dict):  # ShareGPT's {"from": "gpt", "value": ...}
-        rejected = rejected.get("value", rejected.get("content"))
-    return rejected if isinstance(rejected, str) else None
 
 
 def _subset(enc: Encoded, row_ids: set[str]) -> Encoded:
