@@ -145,8 +145,10 @@ def test_readme_reason_table_lists_exactly_the_declared_reasons() -> None:
     assert all(meaning.strip() for cls in STAGES.values() for meaning in cls.reasons.values())
 
 
-def test_embedding_backend_names_match_the_embedder() -> None:
-    from dataguard.embed.settings import BACKENDS
-    from dataguard.params import EMBED_BACKENDS
+def test_embedding_stages_use_the_embedders_own_constraints() -> None:
+    """One declaration: a stage's embedder knobs are the Embedder's entries, not copies."""
+    from dataguard.embed.settings import CONSTRAINTS
 
-    assert EMBED_BACKENDS == BACKENDS
+    for name in ("consistency", "semantic_dedup", "noise", "drift"):
+        shared = {k: v for k, v in stage_class(name).constraints.items() if k in CONSTRAINTS}
+        assert shared and all(v is CONSTRAINTS[k] for k, v in shared.items()), name

@@ -28,7 +28,6 @@ with their user (a stage's ``__init__``, ``load_train_config``).
 from __future__ import annotations
 
 import os
-import re
 
 from dataguard.params.base import (
     Allowed,
@@ -71,16 +70,3 @@ NAMES: Allowed = [ListOf(Text())]
 SOURCES: Allowed = [ListOf(Text()), Text()]  # input names; one name alone is accepted
 THREADS: Allowed = [Interval(int, 1), None]
 PATH: Allowed = [Satisfies(lambda v: isinstance(v, str | os.PathLike) and bool(str(v)), "a path"), None]
-
-# The shared Embedder's knobs (its model folder is checked for existence by the config loader;
-# the backend names are `dataguard.embed.settings.BACKENDS`, which a test holds this equal to).
-EMBED_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8", "static")
-EMBEDDER: dict[str, Allowed] = {
-    "model": PATH,
-    "batch_size": POSITIVE_INT,
-    "threads": THREADS,
-    "backend": [Options(*EMBED_BACKENDS)],
-    "max_seq_length": [Interval(int, 1, 8192), None],
-    "device": [Satisfies(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?", v),
-                         "cpu, cuda, cuda:N, mps or xpu")],
-}
