@@ -121,9 +121,9 @@ def test_default_config_passes_its_own_checks():
                                           r"got 100000000000000000000$"),
     ("batch_rows: 1e20", r"p\.yaml:3: batch_rows: must be a positive integer <= 1000000000, got '1e20' "
                          r"\(a number out of range\)$"),
-    ("batch_rows: 1e3", r"p\.yaml:3: batch_rows: must be a positive integer, got '1e3' \(YAML reads it as text: "
-                        r"write 1000\)$"),
-    ("workers: 100000", r"p\.yaml:3: workers: must be a positive integer <= 4096, got 100000$"),
+    ("batch_rows: 1e3", r"p\.yaml:3: batch_rows: must be a positive integer <= 1000000000, got '1e3' \(YAML "
+                        r"reads it as text: write 1000\)$"),
+    ("workers: 100000", r"p\.yaml:3: workers: must be a positive integer <= 4096 or null, got 100000$"),
     ("stages:\n  - length: {min_tokens: 500, max_tokens: 10}",
      r"p\.yaml:4: stages\[0\]\.length\.min_tokens: must not exceed max_tokens \(10\), got 500$"),
 ])
