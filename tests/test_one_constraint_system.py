@@ -82,8 +82,10 @@ def test_containers_point_at_the_bad_item():
         "x.rank: unknown key (expected one of: r, kind)"
     assert str(first_problem({"x": [section]}, {"x": {"r": 4}})) == "x: missing required key: kind"
     rules = MapOf(Options("mlp"), (OneKey(("value", "norm"), Interval(float, 0, closed="right")), None))
-    assert str(first_problem({"c": [rules]}, {"c": {"mlp": {"norm": -1}}})) == "c.mlp.norm: must be a positive number, got -1"
-    assert str(first_problem({"c": [rules]}, {"c": {"mlp": {"max": 1}}})).startswith("c.mlp: must be {value: X} or {norm: X}")
+    assert str(first_problem({"c": [rules]}, {"c": {"mlp": {"norm": -1}}})) == \
+        "c.mlp.norm: must be a positive number, got -1"
+    assert str(first_problem({"c": [rules]}, {"c": {"mlp": {"max": 1}}})).startswith(
+        "c.mlp: must be {value: X} or {norm: X}")
 
 
 def test_cleaning_fills_defaults_and_makes_numbers_floats():
@@ -100,3 +102,12 @@ def test_every_train_key_is_declared_with_params_constraints():
     from dataguard.params import Constraint
 
     assert all(isinstance(c, Constraint) or c is None for allowed in CONSTRAINTS.values() for c in allowed)
+
+
+def test_a_cleaned_section_reads_in_its_declared_order():
+    """Recorded configs (the run folder's config) read the same whatever order they were written in."""
+    from dataguard.train.config_checks import FAULT, LR_MULTIPLIERS
+
+    assert list(clean([FAULT], {"kind": "nan_loss", "step": 3})) == ["step", "kind", "layer", "factor"]
+    assert list(clean([LR_MULTIPLIERS], {"norm": 0, "mlp": 2})) == ["embeddings", "attention", "mlp", "other",
+                                                                    "head", "norm"]

@@ -106,9 +106,10 @@ class MapOf(Constraint):
 @dataclass(frozen=True)
 class Section(Constraint):
     """A mapping of named keys, each with its own allowed values (a settings block such as
-    ``lora:``). Cleaning starts from a copy of ``defaults`` and sets the given keys (in the
-    order given), except values listed in ``unset`` for their key, which mean "not set"
-    (so a record written before the key existed still matches). With ``switch``, ``true``
+    ``lora:``). Cleaning gives the given keys and the defaults of the others, in the order of
+    ``fields`` (so a recorded config reads the same whatever order it was written in);
+    values listed in ``unset`` for their key mean "not set" and are left out (so a record
+    written before the key existed still matches). With ``switch``, ``true``
     means all the defaults and ``false`` means off (cleaned to None)."""
 
     fields: Mapping[str, Allowed]
@@ -139,12 +140,10 @@ class Section(Constraint):
     def clean(self, value: Any) -> Any:
         if isinstance(value, bool):
             return copy.deepcopy(dict(self.defaults)) if value else None
-        out = copy.deepcopy(dict(self.defaults))
-        for k, v in value.items():
-            if any(v == u and type(v) is type(u) for u in self.unset.get(k, ())):
-                continue
-            out[k] = clean(self.fields[k], v)
-        return out
+        given = {k: clean(self.fields[k], v) for k, v in value.items()
+                 if not any(v == u and type(v) is type(u) for u in self.unset.get(k, ()))}
+        return {k: given[k] if k in given else copy.deepcopy(self.defaults[k])
+                for k in self.fields if k in given or k in self.defaults}
 
 
 @dataclass(frozen=True)

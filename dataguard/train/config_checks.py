@@ -82,7 +82,9 @@ FAULT = Section(
             "factor": [POSITIVE, None]},
     required=("step", "kind"), defaults={"layer": None, "factor": None})
 
-LR_MULTIPLIERS = Section(fields={key: [NON_NEGATIVE] for key in MODULE_TYPES}, defaults=default_lr_multipliers())
+LR_MULTIPLIERS = Section(  # the defaults' order first: the order the parameter groups are built in
+    fields={key: [NON_NEGATIVE] for key in [*default_lr_multipliers(), *MODULE_TYPES]},
+    defaults=default_lr_multipliers())
 LR_PATTERNS = MapOf(Pattern(), NON_NEGATIVE)
 # `embeddings: null` switches a default rule off
 CLIP_RULES = MapOf(Options(*MODULE_TYPES), (OneKey(("value", "norm"), POSITIVE), None))
