@@ -5,6 +5,8 @@ A config is either a standalone YAML file of train keys, or a pipeline YAML with
 one `dataguard.config.ConfigError` such as ``p.yaml:12: train.lr: must be a positive
 number, got -1``; so is a bad value in the ``manifest.json`` of an existing ``data``
 folder (`dataguard.train.data.manifest_schema`). Unknown keys are listed with the accepted ones.
+What each key may be is declared in ``CONSTRAINTS`` (`dataguard.params`, as a stage declares
+its parameters); only the checks that relate two keys live in `load_train_config`.
 Relative paths are kept as written (taken from the working directory, like the pipeline's).
 """
 
