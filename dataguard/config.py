@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from dataguard.config_stages import _blamed_param, build_normalizer, build_stage
 from dataguard.config_yaml import MAX_DEPTH, ConfigError, Located, _Located, load_yaml_document
 from dataguard.io.alias_syntax import parse_alias
 from dataguard.io.readers import READERS, InputError, InputSpec
+from dataguard.params import Allowed, Interval
 from dataguard.stage import Stage
 
 __all__ = ["MAX_DEPTH", "ConfigError", "LoadedConfig", "Located", "_Located", "_blamed_param", "input_problem",
@@ -131,17 +131,9 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
     report = data.get("report", True)
     if report is not True and report is not False and not (isinstance(report, str) and report):
         raise loc.error(("report",), "must be a path string or false")
-    ints = {}
-    for key, default in (("workers", None), ("batch_rows", 5000), ("shard_rows", 100_000), ("shard_bytes", None)):
-        value = data.get(key, default)
-        ceiling = MAX_SIZES[key]
-        if isinstance(value, int) and not isinstance(value, bool) and value > ceiling:
-            raise loc.error((key,), f"must be a positive integer <= {ceiling}, got {value}")
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            hint = _as_text_hint(value, ceiling)
-            what = f"a positive integer <= {ceiling}" if "out of range" in hint else "a positive integer"
-            raise loc.error((key,), f"must be {what}, got {value!r}{hint}")
-        ints[key] = value
+    ints = {key: loc.checked((key,), SIZES[key], data.get(key, default))
+            for key, default in (("workers", None), ("batch_rows", 5000), ("shard_rows", 100_000),
+                                 ("shard_bytes", None))}
     executor = _executor(data.get("executor", "local"), loc)
     ray_address = data.get("ray_address")
     if ray_address is not None and not isinstance(ray_address, str):
@@ -157,19 +149,15 @@ def _validate(data: Any, loc: _Located, base: Path, path: Path | None,
     )
 
 
-# Ceilings of the run's sizes: far beyond any real run, and low enough that a C long (Arrow,
-# numpy) holds them (a batch_rows of 10**20 was an OverflowError deep in a worker).
-MAX_SIZES = {"workers": 4096, "batch_rows": 10**9, "shard_rows": 10**12, "shard_bytes": 2**50}
-
-
-def _as_text_hint(value: Any, ceiling: int) -> str:
-    """A note for a number that YAML 1.1 leaves as text (``1e20``: no dot, so not a float)."""
-    if not isinstance(value, str) or not re.fullmatch(r"\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
-        return ""
-    number = float(value)
-    if number > ceiling:
-        return " (a number out of range)"
-    return f" (YAML reads it as text: write {int(number)})" if number.is_integer() else ""
+# The run's sizes (`dataguard.params`, as the stages and the train config declare theirs). The
+# ceilings: far beyond any real run, and low enough that a C long (Arrow, numpy) holds them
+# (a batch_rows of 10**20 was an OverflowError deep in a worker).
+SIZES: dict[str, Allowed] = {
+    "workers": [Interval(int, 1, ceiling=4096), None],
+    "batch_rows": [Interval(int, 1, ceiling=10**9)],
+    "shard_rows": [Interval(int, 1, ceiling=10**12)],
+    "shard_bytes": [Interval(int, 1, ceiling=2**50), None],
+}
 
 
 def _executor(value: Any, loc: _Located) -> str:

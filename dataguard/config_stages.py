@@ -70,6 +70,9 @@ def _build(cls: type[Stage], params: Any, loc: Located, here: tuple[Any, ...]) -
     try:
         return cls(**params)
     except StageConfigError as exc:
+        found = exc.problem
+        if found is not None and found.path and found.path[0] in params:  # a constraint: its key path
+            raise loc.error(here + found.path, _one_line(found.message)) from None
         bad = _blamed_param(exc, params)
         message = _strip_param(str(exc), bad) if bad else str(exc)
         raise loc.error(here + ((bad,) if bad else ()), _one_line(message)) from None

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from dataguard.params import Allowed, clean, path_text, problem
+
 # Bounds on a config file. Real pipeline configs are a few KB, a handful of levels deep and
 # a few hundred values; these leave orders of magnitude of room and stop hostile files early.
 MAX_CONFIG_BYTES = 1 << 20
@@ -89,18 +91,19 @@ class Located:
     def error(self, path: tuple[Any, ...], message: str) -> ConfigError:
         line = self.line(path)
         where = f"{self.filename}:{line}" if line else self.filename
-        key = _path_text(path)
+        key = path_text(path)
         return ConfigError(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+    def checked(self, path: tuple[Any, ...], allowed: Allowed, value: Any) -> Any:
+        """``value`` cleaned (`dataguard.params.clean`), or the ConfigError at the line of the
+        bad value's key path (inside ``value`` when a container points there)."""
+        found = problem(allowed, value)
+        if found is not None:
+            raise self.error(path + found.path, found.message)
+        return clean(allowed, value)
 
 
 _Located = Located  # the name the test suite and the training config used
-
-
-def _path_text(path: tuple[Any, ...]) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
 
 
 def load_yaml_document(path: Path) -> tuple[Any, Located]:

@@ -83,7 +83,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataguard.params import Allowed, first_problem
+from dataguard.params import Allowed, Problem, first_problem
 from dataguard.records import empty_rejected, reject_rows
 from dataguard.tally import Tally
 
@@ -117,12 +117,14 @@ class StageConfigError(ValueError):
     """A stage was given a parameter it cannot use; the message names the parameter.
 
     ``param`` (optional) names the offending parameter explicitly, so a config error can
-    point at that key's line instead of guessing it from the message.
+    point at that key's line instead of guessing it from the message; a constraint's
+    `Problem` (``problem``) also says where inside the value it is (``names[2]``).
     """
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, problem: Problem | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.problem = problem
 
 
 class UndeclaredReasonError(RuntimeError):
@@ -142,7 +144,7 @@ class Stage:
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage:
         problem = first_problem(cls.constraints, kwargs)
         if problem is not None:
-            raise StageConfigError(problem[1], param=problem[0])
+            raise StageConfigError(str(problem), param=problem.path[0], problem=problem)
         # Remember the constructor's keyword arguments so a run started from Python can
         # record its configuration in the manifest exactly like a YAML run does.
         obj = super().__new__(cls)

@@ -1,6 +1,6 @@
 """Every default satisfies its own constraint, as scikit-learn checks: a default no user could
-type would otherwise pass unchecked (the stage constraints and the train config's checks only
-see values that were given)."""
+type would otherwise pass unchecked (the constraints of the stages, the train config and the
+embedder only see values that were given)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from dataguard.config_yaml import _Located
 from dataguard.params import first_problem
 from dataguard.stages import STAGE_PATHS, stage_class
-from dataguard.train.config import CHECKS, TrainConfig
+from dataguard.train.config import CONSTRAINTS, TrainConfig, checked_setting
 
 
 @pytest.mark.parametrize("name", sorted(STAGE_PATHS))
@@ -30,7 +30,18 @@ def test_every_train_config_default_passes_its_check() -> None:
     defaults = TrainConfig(task="sft", model="tiny-causal-lm", data="d", output="o")
     for f in fields(TrainConfig):
         value = getattr(defaults, f.name)
-        assert CHECKS[f.name](value, (f.name,), where) == value, f.name  # checked and unchanged
+        assert first_problem(CONSTRAINTS, {f.name: value}) is None, f.name
+        assert checked_setting(f.name, value, (f.name,), where) == value, f.name  # checked and unchanged
+
+
+def test_every_embedder_default_passes_its_constraint() -> None:
+    from dataguard.embed import Embedder
+    from dataguard.embed.settings import CONSTRAINTS
+
+    defaults = {p.name: p.default for p in inspect.signature(Embedder.__init__).parameters.values()
+                if p.name != "self" and p.default is not p.empty}
+    assert sorted(defaults) == sorted(CONSTRAINTS)  # every knob constrained, every constraint a knob
+    assert first_problem(CONSTRAINTS, defaults) is None
 
 
 def test_a_default_that_fails_its_constraint_is_caught() -> None:

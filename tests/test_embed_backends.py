@@ -329,9 +329,9 @@ def test_consistency_stage_runs_each_backend(cache_dir: Path, real_data: Path) -
 
 
 def test_the_config_constraints_list_every_backend() -> None:
-    from dataguard.params import EMBEDDER
+    from dataguard.embed.settings import CONSTRAINTS
 
-    assert EMBEDDER["backend"][0].values == BACKENDS
+    assert CONSTRAINTS["backend"][0].values == BACKENDS
 
 
 def test_an_export_is_byte_identical_when_rebuilt(cache_dir: Path, vectors: dict, tmp_path: Path,

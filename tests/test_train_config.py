@@ -95,11 +95,16 @@ def test_dict_and_overrides():
     ("  lora:\n    r: 0\n", r"p\.yaml:6: train\.lora\.r: must be a positive integer, got 0"),
     ("  lora:\n    rank: 4\n", r"p\.yaml:6: train\.lora\.rank: unknown key \(expected one of: r, alpha"),
     ("  clip_rules:\n    mlp: {max: 1}\n", r"p\.yaml:6: train\.clip_rules\.mlp: must be \{value: X\} or \{norm: X\}"),
-    ("  lr_multipliers:\n    ffn: 2\n", r"p\.yaml:6: train\.lr_multipliers\.ffn: unknown module type"),
-    ("  lr_patterns:\n    '([': 2\n", r"p\.yaml:6: train\.lr_patterns\.\(\[: not a valid regular expression"),
-    ("  label_smoothing: 1.0\n", r"p\.yaml:5: train\.label_smoothing: must be a number >= 0 and < 1, got 1\.0"),
+    ("  lr_multipliers:\n    ffn: 2\n", r"p\.yaml:6: train\.lr_multipliers\.ffn: unknown key \(expected one of: "
+                                       r"embeddings, attention, mlp, other, head, norm\)$"),
+    ("  lr_patterns:\n    '([': 2\n", r"p\.yaml:6: train\.lr_patterns\.\(\[: key must be a regular expression, "
+                                        r"got '\(\[' \(unterminated character set at position 1\)$"),
+    ("  label_smoothing: 1.0\n", r"p\.yaml:5: train\.label_smoothing: must be a number in \[0, 1\), got 1\.0$"),
     ("  curriculum: yes please\n", r"p\.yaml:5: train\.curriculum: must be true or false"),
-    ("  curriculum_boundaries: [0.8, 0.5]\n", r"p\.yaml:5: train\.curriculum_boundaries: must be increasing"),
+    ("  curriculum_boundaries: [0.8, 0.5]\n", r"p\.yaml:5: train\.curriculum_boundaries: must be a list of increasing "
+                                            r"values each a positive number <= 1 or null, got \[0\.8, 0\.5\]$"),
+    ("  curriculum_boundaries: [0.5, 2]\n", r"p\.yaml:5: train\.curriculum_boundaries\[1\]: must be a positive "
+                                          r"number <= 1, got 2$"),
     ("  warmup_steps: 10\n  max_steps: 5\n", r"p\.yaml:5: train\.warmup_steps: must not exceed max_steps \(5\)"),
 ])
 def test_errors_name_file_line_key(tmp_path, body, expected):
@@ -111,7 +116,8 @@ def test_errors_name_file_line_key(tmp_path, body, expected):
 def test_structural_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"t\.yaml:1: missing required key: data"):
         load_train_config(_write(tmp_path, "task: sft\nmodel: tiny-causal-lm\n"))
-    with pytest.raises(ConfigError, match=r"t\.yaml:3: model: 'no/such/dir' is neither a built-in model"):
+    with pytest.raises(ConfigError, match=r"t\.yaml:3: model: must be one of tiny-causal-lm, tiny-classifier, minilm, "
+                                           r"smollm2-135m or a local Hugging Face model folder, got 'no/such/dir'$"):
         load_train_config(_write(tmp_path, "task: sft\ndata: d\nmodel: no/such/dir\n"))
     with pytest.raises(ConfigError, match=r"t\.yaml:1: task: must be one of sft, classify"):
         load_train_config(_write(tmp_path, "task: regress\ndata: d\nmodel: minilm\n"))

@@ -16,7 +16,7 @@ from dataguard.embed.settings import (
     check_backend,
     check_device,
     check_model_path,
-    check_positive,
+    check_settings,
     configured_dimension,
     shipped_model_path,
     trained_seq_length,
@@ -34,12 +34,11 @@ class Embedder:
 
     def __init__(self, model: str | Path | None = None, *, batch_size: int = 64, threads: int | None = None,
                  device: str = "cpu", backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None) -> None:
+        check_settings(model=model, device=device, backend=backend, batch_size=batch_size, threads=threads,
+                       max_seq_length=max_seq_length)
         check_model_path(model)
         check_device(device)
         self.backend = check_backend(backend, device)
-        check_positive("batch_size", batch_size)
-        check_positive("threads", threads, allow_none=True)
-        check_positive("max_seq_length", max_seq_length, allow_none=True)
         self.model_path = str(Path(model).expanduser()) if model is not None else shipped_model_path()
         self.batch_size = batch_size
         self.threads = threads

@@ -1,17 +1,32 @@
 """What an embedder is configured with, checked without loading anything.
 
-Every check raises `EmbedderConfigError` (a ValueError) whose message starts with the
-parameter's name and whose ``param`` names it, so a stage turns it into a
-`StageConfigError` pointing at that key of the config.
+The values are declared once in ``CONSTRAINTS`` (`dataguard.params`, the vocabulary the
+stages and the train config use too); the stages that embed reuse these entries, and
+tests/test_defaults_checked.py holds ``Embedder``'s defaults to them. What a value alone cannot
+say (the model folder's files, whether the device exists, a backend that runs on the CPU
+only) is checked here after. Every check raises `EmbedderConfigError` (a ValueError) whose
+message starts with the parameter's name and whose ``param`` names it, so a stage turns it
+into a `StageConfigError` pointing at that key of the config.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
+
+from dataguard.params import (
+    PATH,
+    POSITIVE_INT,
+    THREADS,
+    Allowed,
+    Interval,
+    Options,
+    Problem,
+    Satisfies,
+    first_problem,
+)
 
 # torch: sentence-transformers (fp32 on the CPU, fp16 on CUDA); torch-bf16: the same in
 # bfloat16 on the CPU (worth it where the CPU multiplies bf16 natively: AMX or AVX512-BF16);
@@ -27,6 +42,17 @@ STATIC_DIMS = 256  # model2vec's default PCA size for the distilled token table
 _TRAINED_LENGTH = re.compile(r"sequence length was limited to (\d+) tokens", re.IGNORECASE)
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?")
 
+# The Embedder's knobs, as a stage's config names them (its model folder's files are checked
+# by `check_model_path`, the device's presence by `check_device`).
+CONSTRAINTS: dict[str, Allowed] = {
+    "model": PATH,
+    "batch_size": POSITIVE_INT,
+    "threads": THREADS,
+    "backend": [Options(*BACKENDS)],
+    "max_seq_length": [Interval(int, 1, 8192), None],
+    "device": [Satisfies(lambda v: isinstance(v, str) and _DEVICE.fullmatch(v), "cpu, cuda, cuda:N, mps or xpu")],
+}
+
 
 class EmbedderConfigError(ValueError):
     """A bad embedder setting; ``param`` names the parameter (the message starts with it)."""
@@ -34,6 +60,13 @@ class EmbedderConfigError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
+
+
+def check_settings(**given: Any) -> None:
+    """Raise for the first of ``given`` (in order) that ``CONSTRAINTS`` does not allow."""
+    found = first_problem(CONSTRAINTS, given)
+    if found is not None:
+        raise EmbedderConfigError(found.path[0], str(Problem(found.path[1:], found.message)))
 
 
 def default_model_path() -> str:
@@ -57,8 +90,7 @@ def check_model_path(model: Any) -> None:
     checked before the run, not in a worker."""
     if model is None:
         return
-    if not isinstance(model, str | os.PathLike) or not str(model):
-        raise EmbedderConfigError("model", f"must be a folder path or null, got {model!r}")
+    check_settings(model=model)
     path = Path(model).expanduser()
     if not path.exists():
         raise EmbedderConfigError("model", f"no such model folder: {str(model)!r} (expected a local "
@@ -73,8 +105,7 @@ def check_model_path(model: Any) -> None:
 def check_device(device: Any) -> None:
     """Raise unless ``device`` names a torch device that exists here. torch is imported only
     for a device other than the CPU (that run needs it anyway)."""
-    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
-        raise EmbedderConfigError("device", f"must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    check_settings(device=device)
     if device == "cpu":
         return
     import torch
@@ -89,18 +120,11 @@ def check_device(device: Any) -> None:
 
 
 def check_backend(backend: Any, device: str) -> str:
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise EmbedderConfigError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    """``backend`` if it is one and runs on ``device`` (all but torch run on the CPU only)."""
+    check_settings(backend=backend)
     if backend != "torch" and device != "cpu":
         raise EmbedderConfigError("backend", f"{backend!r} runs on the CPU; use backend: torch for device {device!r}")
     return backend
-
-
-def check_positive(param: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise EmbedderConfigError(param, f"must be a positive integer{' or null' if allow_none else ''}, got {value!r}")
 
 
 def _json(path: Path) -> Any:

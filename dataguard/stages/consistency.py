@@ -65,7 +65,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.embed import DEFAULT_BACKEND, embedding_field, embeddings_for, stage_embedder, to_arrow
-from dataguard.params import EMBEDDER, FLAG, Interval, Options
+from dataguard.embed.settings import CONSTRAINTS as EMBEDDER
+from dataguard.params import FLAG, Interval, Options
 from dataguard.records import RESPONSE_ROLES, message_texts, reject_rows, set_column
 from dataguard.stage import Outcome, Stage
 from dataguard.tally import Tally

@@ -66,7 +66,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
-from dataguard.params import EMBEDDER, FLAG, SEED, SOURCES, Interval, Options
+from dataguard.embed.settings import CONSTRAINTS as EMBEDDER
+from dataguard.params import FLAG, SEED, SOURCES, Interval, Options
 from dataguard.records import PROMPT_ROLES, ROLES, message_texts
 from dataguard.rounds.tasks import Answers, example_index
 from dataguard.stage import Outcome, Stage, drop_or_keep

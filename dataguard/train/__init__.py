@@ -1,7 +1,8 @@
 """The bundled training runner: fine-tunes on what a pipeline wrote (shards + manifest.json).
 
 It reads only the run folder and imports nothing from `dataguard.stages`. At the top:
-`config` (the ``train:`` settings, checked in `config_checks`), `loop` (the step loop),
+`config` (the ``train:`` settings, declared with `dataguard.params` constraints; its nested
+sections and defaults in `config_checks`), `loop` (the step loop),
 `checkpoint` (atomic save/load, rotation, verification), `run_setup`/`prepare` (everything
 before the first step), `step` (one optimizer step), `evaluate`, `convert`, `rng`, `errors`.
 Sub-packages by job: `tasks` (what differs per task: sft, classify, dpo), `data` (shards ->

@@ -5,6 +5,8 @@ A config is either a standalone YAML file of train keys, or a pipeline YAML with
 one `dataguard.config.ConfigError` such as ``p.yaml:12: train.lr: must be a positive
 number, got -1``; so is a bad value in the ``manifest.json`` of an existing ``data``
 folder (`dataguard.train.data.manifest_schema`). Unknown keys are listed with the accepted ones.
+What each key may be is declared in ``CONSTRAINTS`` (`dataguard.params`, as a stage declares
+its parameters); only the checks that relate two keys live in `load_train_config`.
 Relative paths are kept as written (taken from the working directory, like the pipeline's).
 """
 
@@ -16,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from dataguard.config_yaml import ConfigError, _Located, load_yaml_document
+from dataguard.params import FLAG, Allowed, Interval, ListOf, Options, Text
 from dataguard.train import config_checks as C
-from dataguard.train.config_checks import GUARD_DEFAULTS, Check, Path_
+from dataguard.train.config_checks import GUARD_DEFAULTS
 from dataguard.train.data.manifest_schema import preflight
 from dataguard.train.errors import TrainDataError
 from dataguard.train.tasks import ADAPTER_REFERENCE_TASKS, PACKING_TASKS, TASK_NAMES
+
+Path_ = tuple[Any, ...]  # a key path such as ("train", "lora", "r")
 
 
 @dataclass
@@ -80,56 +85,64 @@ class TrainConfig:
         return copy.deepcopy(asdict(self))
 
 
-CHECKS: dict[str, Check] = {
-    "task": C.choice(*TASK_NAMES),
-    "model": C.model_name,
-    "data": C.text,
-    "output": C.text,
-    "seed": C.integer(0, maximum=C.MAX_SEED),
-    "threads": C.integer(1, optional=True, maximum=C.MAX_THREADS),
-    "device": C.choice("auto", "cpu", "cuda"),
-    "precision": C.choice("fp32", "bf16", "fp16", "fp8"),
-    "batch_size": C.integer(1),
-    "grad_accum": C.integer(1),
-    "max_steps": C.integer(1, optional=True),
-    "epochs": C.integer(1),
-    "lr": C.number(0.0, C.MAX_LR, lo_open=True),
-    "weight_decay": C.number(0.0),
-    "warmup_ratio": C.number(0.0, 1.0, hi_open=True),
-    "warmup_steps": C.integer(0, optional=True),
-    "min_lr": C.number(0.0, C.MAX_LR),
-    "lr_multipliers": C.lr_multipliers,
-    "lr_patterns": C.lr_patterns,
-    "max_grad_norm": C.number(0.0, lo_open=True),
-    "clip_rules": C.clip_rules,
-    "label_smoothing": C.number(0.0, 1.0, hi_open=True),
-    "logit_adjustment": C.boolean,
-    "class_balanced": C.boolean,
-    "curriculum": C.boolean,
-    "curriculum_unit": C.optional(C.choice("steps", "epochs")),
-    "curriculum_boundaries": C.boundaries,
-    "lora": C.lora,
-    "gradient_checkpointing": C.boolean,
-    "max_length": C.integer(1, optional=True),
-    "packing": C.boolean,
-    "eval_every": C.integer(1),
-    "eval_fraction": C.number(0.0, 1.0, hi_open=True),
-    "early_stopping_patience": C.integer(1, optional=True),
-    "save_every": C.integer(1),
-    "keep_checkpoints": C.integer(1),
-    "log_every": C.integer(1),
-    "tensorboard": C.boolean,
-    "grad_variance_scaling": C.boolean,
-    "monitor_every": C.integer(1),
-    "histogram_every": C.integer(1),
-    "guard": C.guard,
-    "faults": C.faults,
-    "dynamics": C.boolean,
-    "dynamics_pass": C.choice("auto", "train", "eval"),
-    "dpo_beta": C.number(0.0, lo_open=True),
+# What each setting may be (`dataguard.params`, as a stage's ``constraints``); the defaults are
+# the TrainConfig fields above, and tests/test_defaults_checked.py holds them to these.
+CONSTRAINTS: dict[str, Allowed] = {
+    "task": [Options(*TASK_NAMES)],
+    "model": C.MODEL,
+    "data": [Text(blank=False)],
+    "output": [Text(blank=False)],
+    "seed": [C.count(0, C.MAX_SEED)],
+    "threads": [C.count(1, C.MAX_THREADS), None],
+    "device": [Options("auto", "cpu", "cuda")],
+    "precision": [Options("fp32", "bf16", "fp16", "fp8")],
+    "batch_size": [C.count()],
+    "grad_accum": [C.count()],
+    "max_steps": [C.count(), None],
+    "epochs": [C.count()],
+    "lr": [Interval(float, 0, closed="right", ceiling=C.MAX_LR)],
+    "weight_decay": [C.NON_NEGATIVE],
+    "warmup_ratio": [C.BELOW_ONE],
+    "warmup_steps": [C.count(0), None],
+    "min_lr": [Interval(float, 0, ceiling=C.MAX_LR)],
+    "lr_multipliers": [C.LR_MULTIPLIERS],
+    "lr_patterns": [C.LR_PATTERNS],
+    "max_grad_norm": [C.POSITIVE],
+    "clip_rules": [C.CLIP_RULES],
+    "label_smoothing": [C.BELOW_ONE],
+    "logit_adjustment": FLAG,
+    "class_balanced": FLAG,
+    "curriculum": FLAG,
+    "curriculum_unit": [Options("steps", "epochs"), None],
+    "curriculum_boundaries": [C.BOUNDARIES, None],
+    "lora": [C.LORA, None],
+    "gradient_checkpointing": FLAG,
+    "max_length": [C.count(), None],
+    "packing": FLAG,
+    "eval_every": [C.count()],
+    "eval_fraction": [C.BELOW_ONE],
+    "early_stopping_patience": [C.count(), None],
+    "save_every": [C.count()],
+    "keep_checkpoints": [C.count()],
+    "log_every": [C.count()],
+    "tensorboard": FLAG,
+    "grad_variance_scaling": FLAG,
+    "monitor_every": [C.count()],
+    "histogram_every": [C.count()],
+    "guard": [C.GUARD, None],
+    "faults": [ListOf(C.FAULT), None],  # null: none (an empty `faults:` with its items commented out)
+    "dynamics": FLAG,
+    "dynamics_pass": [Options("auto", "train", "eval")],
+    "dpo_beta": [C.POSITIVE],
 }
 REQUIRED = ("task", "model", "data")
-assert set(CHECKS) == {f.name for f in fields(TrainConfig)}
+assert set(CONSTRAINTS) == {f.name for f in fields(TrainConfig)}
+
+
+def checked_setting(key: str, value: Any, path: Path_, loc: _Located) -> Any:
+    """``value`` of setting ``key`` as kept (cleaned), or the ConfigError at ``path``'s line."""
+    out = loc.checked(path, CONSTRAINTS[key], value)
+    return [] if key == "faults" and out is None else out
 
 
 # ------------------------------------------------------------------ loading
@@ -179,9 +192,9 @@ def load_train_config(source: str | Path | dict[str, Any], *,
         else:
             values[key] = value
     for key in values:
-        if key not in CHECKS:
+        if key not in CONSTRAINTS:
             where = loc if key in data else _Located("<override>", None)
-            raise where.error(prefix + (key,), f"unknown key (expected one of: {', '.join(CHECKS)})")
+            raise where.error(prefix + (key,), f"unknown key (expected one of: {', '.join(CONSTRAINTS)})")
     if "data" not in values and isinstance(pipeline_output, str):
         values["data"] = pipeline_output
     missing = [k for k in REQUIRED if k not in values]
@@ -192,7 +205,7 @@ def load_train_config(source: str | Path | dict[str, Any], *,
     checked: dict[str, Any] = {}
     for key, value in values.items():
         where = loc if key in data and not (overrides and key in overrides) else _Located("<override>", None)
-        checked[key] = CHECKS[key](value, prefix + (key,), where)
+        checked[key] = checked_setting(key, value, prefix + (key,), where)
     if checked.get("warmup_steps") is not None and checked.get("max_steps") is not None \
             and checked["warmup_steps"] > checked["max_steps"]:
         raise loc.error(prefix + ("warmup_steps",), f"must not exceed max_steps ({checked['max_steps']}), "

@@ -9,7 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from dataguard.params import EMBEDDER, OPTIONAL_NAME, Allowed, Interval, ListOf, Options, Satisfies, Text
+from dataguard.embed.settings import CONSTRAINTS as EMBEDDER
+from dataguard.params import OPTIONAL_NAME, Allowed, Interval, ListOf, Options, Satisfies, Text
 from dataguard.stage import StageConfigError
 from dataguard.stages.drift.reference import TEXT_ROLES
 

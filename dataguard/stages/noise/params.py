@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dataguard.embed.settings import CONSTRAINTS as EMBEDDER
 from dataguard.params import (
-    EMBEDDER,
     NAME,
     OPTIONAL_NAME,
     SEED,
