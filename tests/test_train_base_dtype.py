@@ -48,32 +48,15 @@ def test_bf16_lora_holds_the_base_in_bf16_trains_resumes_and_converts_in_bf16(sf
 
     def on_step(trainer_step: int) -> None:
         if trainer_step == 1:
-            model = trainer_model["m"]
+            model = trainer.trainables.model  # the unwrapped model the trainer holds
             seen["base"] = {p.dtype for n, p in model.named_parameters() if not p.requires_grad}
             seen["trained"] = {p.dtype for n, p in model.named_parameters() if p.requires_grad}
 
-    trainer_model: dict = {}
-    import dataguard.train.run_setup as run_setup
-
-    real = run_setup.setup_run
-
-    def spy(*args, **kwargs):
-        run = real(*args, **kwargs)
-        trainer_model["m"] = run.raw_model
-        return run
-
-    run_setup_patch = pytest.MonkeyPatch()
-    import dataguard.train.loop as loop
-
-    run_setup_patch.setattr(loop, "setup_run", spy)  # observe, not replace: the real setup runs
-    try:
-        trainer = Trainer(_cfg(sft_data, tmp_path / "run", precision="bf16", lora={"r": 4}), progress=False)
-        trainer.on_step = on_step
-        result = trainer.fit(stop_after=2)
-        assert result.steps == 2
-        Trainer(_cfg(sft_data, tmp_path / "run", precision="bf16", lora={"r": 4}), progress=False).fit(resume=True)
-    finally:
-        run_setup_patch.undo()
+    trainer = Trainer(_cfg(sft_data, tmp_path / "run", precision="bf16", lora={"r": 4}), progress=False,
+                      on_step=on_step)
+    result = trainer.fit(stop_after=2)
+    assert result.steps == 2
+    Trainer(_cfg(sft_data, tmp_path / "run", precision="bf16", lora={"r": 4}), progress=False).fit(resume=True)
     assert seen["base"] == {torch.bfloat16}
     assert seen["trained"] == {torch.float32}  # peft's adapters are fp32 under the bf16 base
     history = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

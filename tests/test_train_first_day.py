@@ -18,7 +18,7 @@ import torch
 from dataguard import cli
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
-from dataguard.train import loop, prepare, run_setup
+from dataguard.train import prepare, run_checkpoint, run_setup
 from dataguard.train.config import load_train_config
 from dataguard.train.loop import Trainer, TrainError
 
@@ -61,15 +61,15 @@ def _spec(folder: Path, extra: str = "", name: str = "train.yaml", data: Path | 
 
 def _interrupt_after_checkpoint(monkeypatch: pytest.MonkeyPatch, at: int) -> None:
     """Ctrl-C right after the checkpoint of step ``at`` is written (a run to resume)."""
-    save = loop.save_run_checkpoint
+    save = run_checkpoint.save_run_checkpoint
 
-    def save_then_stop(run_dir: Path, cfg: Any, step: int, *a: Any, **kw: Any) -> Path:
-        path = save(run_dir, cfg, step, *a, **kw)
-        if step == at:
+    def save_then_stop(run: Any, *a: Any, **kw: Any) -> Path:
+        path = save(run, *a, **kw)
+        if run.state.step == at:
             raise KeyboardInterrupt
         return path
 
-    monkeypatch.setattr(loop, "save_run_checkpoint", save_then_stop)
+    monkeypatch.setattr(run_checkpoint, "save_run_checkpoint", save_then_stop)
 
 
 # ------------------------------------------------------------------ 1. --data; no folder left behind
@@ -245,7 +245,7 @@ def test_threads_follow_usable_cpus_and_local_processes_and_stay_on_resume(
     spec = _spec(tmp_path, "", "t.yaml", data=shards)
     spec.write_text(spec.read_text().replace("threads: 1\n", ""))  # threads unset
     seen: list[int] = []
-    save = loop.save_run_checkpoint
+    save = run_checkpoint.save_run_checkpoint
     _interrupt_after_checkpoint(monkeypatch, 2)
     monkeypatch.setattr(run_setup, "encode_split", _recording(run_setup.encode_split, seen))
     assert _main(capsys, "train", spec, "--output", tmp_path / "run", "--quiet")[0] == 130
@@ -253,7 +253,7 @@ def test_threads_follow_usable_cpus_and_local_processes_and_stay_on_resume(
     assert json.loads((tmp_path / "run" / "run.json").read_text())["threads"] == {
         "count": 2, "from": "2 usable CPUs / 1 local process"}
 
-    monkeypatch.setattr(loop, "save_run_checkpoint", save)
+    monkeypatch.setattr(run_checkpoint, "save_run_checkpoint", save)
     (cgroup / "cpu.max").write_text("100000 100000\n")  # resumed on a smaller machine: the same count
     code, out, err = _main(capsys, "train", tmp_path / "run", "--resume", "--quiet")
     assert code == 0 and "steps 4/4" in out, err

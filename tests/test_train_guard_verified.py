@@ -25,6 +25,7 @@ from dataguard.train.errors import TrainDiverged
 from dataguard.train.evaluate import evaluate
 from dataguard.train.loop import Trainer
 from dataguard.train.stability.guard import Guard, Verdict
+from dataguard.train.state import Trainables
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 40
@@ -164,15 +165,15 @@ def _guard(**knobs) -> tuple[Guard, torch.nn.Module, torch.optim.Optimizer]:
 
 def test_a_pending_snapshot_needs_clean_steps_and_an_anomaly_discards_it():
     guard, model, opt = _guard(verify_steps=3)
-    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
     with torch.no_grad():
         model.weight.add_(1.0)
-    guard.take_snapshot(5, model, opt, None, None)
+    guard.take_snapshot(5, Trainables(model, opt, None))
     assert guard.snapshot.step == 0 and [p.step for p in guard.pending] == [5]
     assert guard.after_step(True, Verdict()) is None and guard.after_step(False, Verdict()) is None
     assert guard.after_step(True, Verdict(anomalies=[{"cause": "loss_spike"}])) is None
     assert guard.pending == [] and guard.snapshot.step == 0  # discarded: the state may hold the bad update
-    guard.take_snapshot(8, model, opt, None, None)
+    guard.take_snapshot(8, Trainables(model, opt, None))
     for _ in range(2):
         assert guard.after_step(True, Verdict()) is None
     assert guard.after_step(True, Verdict()).step == 8 and guard.snapshot.step == 8
@@ -180,7 +181,7 @@ def test_a_pending_snapshot_needs_clean_steps_and_an_anomaly_discards_it():
 
 def test_an_eval_within_the_band_verifies_sooner_and_one_outside_does_not():
     guard, model, opt = _guard()
-    guard.take_snapshot(10, model, opt, None, None)
+    guard.take_snapshot(10, Trainables(model, opt, None))
     assert guard.after_eval(5.0, best=3.0) is None  # more than 10% worse than the best
     assert guard.after_eval(math.nan, best=3.0) is None
     assert guard.after_eval(3.2, best=3.0).step == 10
@@ -190,15 +191,15 @@ def test_a_state_over_the_bound_or_not_finite_is_never_a_snapshot():
     guard, model, opt = _guard()
     with torch.no_grad():
         model.weight[0, 0] = 2e6
-    assert guard.take_snapshot(3, model, opt, None, None) is False and guard.pending == []
+    assert guard.take_snapshot(3, Trainables(model, opt, None)) is False and guard.pending == []
     with torch.no_grad():
         model.weight[0, 0] = math.nan
-    assert guard.take_snapshot(4, model, opt, None, None, verified=True) is False and guard.snapshot is None
+    assert guard.take_snapshot(4, Trainables(model, opt, None), verified=True) is False and guard.snapshot is None
 
 
 def test_rollback_restores_the_verified_weights_but_keeps_the_schedule():
     guard, model, opt = _guard()
-    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
     saved = model.weight.detach().clone()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     for _ in range(4):
@@ -207,8 +208,8 @@ def test_rollback_restores_the_verified_weights_but_keeps_the_schedule():
         sched.step()
         opt.zero_grad()
     lr_now = opt.param_groups[0]["lr"]
-    guard.take_snapshot(4, model, opt, sched, None)  # pending: not a rollback target
-    assert guard.roll_back(5, model, opt, sched, None) == 0
+    guard.take_snapshot(4, Trainables(model, opt, sched))  # pending: not a rollback target
+    assert guard.roll_back(5, Trainables(model, opt, sched)) == 0
     assert torch.equal(model.weight, saved) and opt.param_groups[0]["lr"] == lr_now and not opt.state
     assert guard.pending == []
 
@@ -221,7 +222,7 @@ def test_no_verified_state_means_stop_not_rollback():
 
 def test_fp16_overflows_become_anomalies_once_they_persist():
     guard, model, opt = _guard(fp16_skips_in_a_row=3, max_anomalies=2, fp16_min_scale=1.0)
-    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
     assert not guard.scaler_skipped(1, 2.0 ** 15).anomalies  # the scale settling: normal
     assert not guard.scaler_skipped(2, 2.0 ** 14).anomalies
     third = guard.scaler_skipped(3, 2.0 ** 13)
@@ -236,7 +237,7 @@ def test_a_new_curriculum_phase_restarts_the_spike_windows():
     """Admitting new classes raises the loss for a good reason: not a spike (the ready classify
     config rolled back at each phase change before)."""
     guard, model, opt = _guard()
-    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
     guard.enter_phase(1, 1)
     for step in range(1, 31):
         guard.check(step, 1.0 + 0.01 * (step % 3), 1.0, True, [])
@@ -287,11 +288,11 @@ def test_a_tied_matrix_is_snapshotted_once_and_a_rollback_restores_both_names():
     assert model.lm_head.weight is model.model.embed_tokens.weight
     guard, _, _ = _guard()
     opt = torch.optim.AdamW(model.parameters())
-    guard.take_snapshot(0, model, opt, None, None, verified=True)
+    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
     names = set(guard.snapshot.model)
     assert ("lm_head.weight" in names) != ("model.embed_tokens.weight" in names)  # one copy, not two
     saved = model.lm_head.weight.detach().clone()
     with torch.no_grad():
         model.model.embed_tokens.weight.add_(1.0)
-    guard.roll_back(1, model, opt, None, None)
+    guard.roll_back(1, Trainables(model, opt, None))
     assert torch.equal(model.lm_head.weight, saved) and model.lm_head.weight is model.model.embed_tokens.weight

@@ -17,6 +17,7 @@ import torch
 
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
+from dataguard.train import loop
 from dataguard.train.checkpoint import complete_checkpoints, latest_checkpoint, read_weights
 from dataguard.train.config import load_train_config
 from dataguard.train.loop import Trainer, TrainError
@@ -156,10 +157,10 @@ def test_non_finite_loss_skips_the_step(sft_run, tmp_path, monkeypatch):
 def test_early_stopping_keeps_the_best_checkpoint(sft_run, tmp_path, monkeypatch):
     evals = iter([3.0, 2.0, 2.5, 2.6, 2.7, 2.8])
 
-    def fake_eval(self, *args):
+    def fake_eval(*args, **kwargs):
         return {"loss": next(evals), "accuracy": 0.0}
 
-    monkeypatch.setattr(Trainer, "_evaluate", fake_eval)
+    monkeypatch.setattr(loop, "evaluate", fake_eval)
     cfg = _sft(sft_run, tmp_path / "run", max_steps=6, eval_every=1, save_every=100, keep_checkpoints=1,
                early_stopping_patience=2)
     result = Trainer(cfg).fit()

@@ -15,6 +15,7 @@ from dataguard.train.config import load_train_config
 from dataguard.train.loop import Trainer
 from dataguard.train.stability.guard import Guard
 from dataguard.train.stability.snapshot_store import SPILL_BYTES, SpillFolder, choose_place, live_trainable
+from dataguard.train.state import Trainables
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,7 @@ def test_a_refused_state_writes_no_file(tmp_path):
     opt = torch.optim.AdamW(model.parameters())
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
-    assert guard.take_snapshot(3, model, opt, None, None) is False
+    assert guard.take_snapshot(3, Trainables(model, opt, None)) is False
     assert not SpillFolder(tmp_path).path(3).exists()
 
 

@@ -33,61 +33,73 @@ evaluation pass over the training rows for runs shorter than an epoch), saved wi
 checkpoint so a resumed run writes the same file; anomaly events carry the named rows'
 stage scores from the shards (`dynamics_rows`).
 
-The pieces live in their own modules: `run_setup` (everything before the first step, RNG
-restored last), `prepare` (resume check, encoding, class tensors, accelerator, run.json),
-`forward` (one micro-batch: the loss and each row's scores),
-`evaluate`, `metrics_log` (metrics.jsonl / TensorBoard), `respond` (acting on the guard's
-verdict), `step` (the optimizer step, the metrics record, best-eval tracking) and `errors`;
-this module keeps the loop and the checkpoint save.
+The trainer holds the run's state as attributes: `run_setup` builds the objects (everything
+before the first step, RNG restored last; one attribute per field of `RunSetup`), `state`
+groups the ones a step changes (`Trainables`) and the loop's counters (`RunState`), and
+`step.StepOutcome` is one step as it went. The helpers take the trainer (typed by a Protocol
+of what they read) or these small objects: `step` (drawing the batches, the optimizer step,
+best-eval tracking), `metrics_log` (the metrics line, metrics.jsonl / TensorBoard),
+`respond` (acting on the guard), `run_checkpoint` (the checkpoint of a step), `prepare`
+(resume check, encoding, class tensors, accelerator, run.json), `forward` (one micro-batch:
+the loss and each row's scores), `evaluate` and `errors`. This module keeps the loop.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import math
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dataguard.io.output import MARKER, OutputFolder, OutputFolderError
-from dataguard.io.safe_files import LinkRefused, find_link, write_atomic
+from dataguard.io.safe_files import LinkRefused, find_link
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap
 from dataguard.train.data.sampler import CurriculumSampler
 from dataguard.train.dynamics.hook import DynamicsHook, row_scores
+from dataguard.train.dynamics.rows import RowScores
 from dataguard.train.errors import TrainDiverged, TrainError
 from dataguard.train.evaluate import evaluate
 from dataguard.train.optim.forward import ForwardOut
 from dataguard.train.optim.losses import IGNORE_INDEX
 from dataguard.train.optim.optimizer import GradVarianceScaler, clip_gradients
 from dataguard.train.prepare import RESUME_KEYS
-from dataguard.train.report.metrics_log import final_against_best, progress_bar
+from dataguard.train.report.jsonl_log import JsonlLog
+from dataguard.train.report.metrics_log import (
+    MetricsLog,
+    advance_bar,
+    final_against_best,
+    metrics_record,
+    progress_bar,
+)
+from dataguard.train.run_checkpoint import checkpoint_step
 from dataguard.train.run_setup import setup_run
-from dataguard.train.stability.faults import garbage_batch, poison_grads, poison_loss
-from dataguard.train.stability.guard import Verdict
-from dataguard.train.stability.guard_resume import GUARD_SNAPSHOT, snapshot_to_save
-from dataguard.train.stability.respond import respond
+from dataguard.train.stability.faults import Fault, FaultPlan, garbage_batch, poison_grads, poison_loss
+from dataguard.train.stability.guard import EventLog, Guard
+from dataguard.train.stability.monitor import Monitor
+from dataguard.train.stability.respond import after_eval, after_step, check_weights, respond
+from dataguard.train.state import RunState, Trainables
 from dataguard.train.step import (
     ClipSettings,
+    StepOutcome,
     across_processes,
     draw_step,
-    guard_after_step,
-    metrics_record,
     optimizer_step,
     row_ids,
     update_best,
 )
 from dataguard.train.tasks import get_task
-from dataguard.train.tasks.base import LossSettings
+from dataguard.train.tasks.base import LossSettings, Task
 
 __all__ = ["IGNORE_INDEX", "RESUME_KEYS", "TrainDiverged", "TrainError", "TrainResult", "Trainer"]
 
@@ -112,13 +124,55 @@ class TrainResult:
     rollbacks: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, run_dir: Path, state: RunState, total: int, guard: Guard | None, events: EventLog) -> TrainResult:
+        """The result of a run that ended (or stopped) in ``state``."""
+        final = ckpt_mod.latest_checkpoint(run_dir)
+        return cls(run_dir=run_dir, steps=state.step, total_steps=total,
+                   final_loss=state.history[-1]["loss"] if state.history else None, skipped_steps=state.skipped,
+                   best_metric=state.best["metric"], best_checkpoint=state.best["checkpoint"],
+                   stopped_early=state.stopped_early, last_eval=state.last_eval, history=state.history,
+                   checkpoint=final if state.saved else None, rollbacks=guard.rollbacks if guard is not None else 0,
+                   events=list(events.events))
+
 
 class Trainer:
     """Train ``cfg.model`` on the shards of ``cfg.data``; ``fit()`` runs, ``fit(resume=True)``
     continues from the newest complete checkpoint in ``cfg.output``.
 
     ``on_step(step)`` is called after each optimizer step once its checkpoint (if any) is
-    written (tests use it to kill or stop a run at a known point)."""
+    written (tests use it to kill or stop a run at a known point, or to look at the state)."""
+
+    # the run's state, set when `fit` starts: the fields of `run_setup.RunSetup`, then the rest
+    accelerator: Any
+    model: Any  # accelerate's wrapper, for the forward; trainables.model is the unwrapped model
+    trainables: Trainables
+    tokenizer: Any
+    device: torch.device
+    main: bool
+    rank: int
+    world: int
+    kinds: Any
+    latest: Path | None
+    label_map: LabelMap | None
+    enc: Encoded
+    val: Encoded | None
+    total: int
+    sampler: CurriculumSampler
+    loss_settings: LossSettings
+    pad_id: int
+    gvs: GradVarianceScaler | None
+    monitor: Monitor
+    guard: Guard | None
+    plan: FaultPlan
+    vocab_size: int
+    state: RunState
+    metrics: MetricsLog
+    events: EventLog
+    hists: JsonlLog
+    task: Task
+    dyn: DynamicsHook | None
+    scores: RowScores | None
 
     def __init__(self, cfg: TrainConfig, *, progress: bool | None = None,
                  on_step: Callable[[int], None] | None = None, echo: Callable[[str], None] | None = None) -> None:
@@ -129,7 +183,8 @@ class Trainer:
         self.run_dir = Path(cfg.output)
         self.notes: list[str] = []
 
-    def _warn(self, text: str) -> None:
+    def warn(self, text: str) -> None:
+        """A warning for the caller, also kept for ``run.json``."""
         self.notes.append(text)
         warnings.warn(text, stacklevel=3)
 
@@ -140,220 +195,174 @@ class Trainer:
         empty or already marked as dataguard's, and locked for the run, so a training run
         never writes into a user's folder and two runs never share one.
         """
-        if int(os.environ.get("RANK", "0")) != 0:  # other ranks under `accelerate launch`
-            wait_for_claim(self.run_dir)
+        with claimed_run_folder(self.run_dir, Path(self.cfg.data)):
             return self._fit(resume, stop_after)
-        check_run_folder(self.run_dir, Path(self.cfg.data))
-        folder = OutputFolder(self.run_dir)
-        try:
-            folder.claim()
-        except OutputFolderError as exc:
-            raise TrainError(str(exc)) from None
-        link = find_link(self.run_dir)  # at any depth, checkpoints/ included: never written through
-        if link is not None:
-            folder.release()
-            raise TrainError(str(LinkRefused(link)))
-        try:
-            return self._fit(resume, stop_after)
-        finally:
-            folder.release()
+
+    def _start(self, resume: bool) -> None:
+        """Build the run (`setup_run`) and hold its objects."""
+        run = setup_run(self.cfg, self.run_dir, resume, echo=self.echo, warn=self.warn, notes=self.notes)
+        for f in fields(run):
+            setattr(self, f.name, getattr(run, f.name))
+        self.task = get_task(self.cfg.task)
+        self.dyn = DynamicsHook.start(self.cfg, run, self.run_dir, resume, self.echo if self.main else lambda _: None)
+        self.scores = row_scores(self.cfg)
 
     def _fit(self, resume: bool, stop_after: int | None) -> TrainResult:
-        cfg = self.cfg
-        run = setup_run(cfg, self.run_dir, resume, echo=self.echo, warn=self._warn, notes=self.notes)
-        accelerator, model, raw_model, tokenizer = run.accelerator, run.model, run.raw_model, run.tokenizer
-        optimizer, scheduler, scaler = run.optimizer, run.scheduler, run.scaler
-        device, main, rank, world, kinds = run.device, run.main, run.rank, run.world, run.kinds
-        latest, label_map, enc, val, total = run.latest, run.label_map, run.enc, run.val, run.total
-        sampler, offsets, class_weights, pad_id = run.sampler, run.offsets, run.class_weights, run.pad_id
-        gvs, monitor, guard, plan = run.gvs, run.monitor, run.guard, run.plan
-        lr_spike, vocab_size = run.lr_spike, run.vocab_size
-        step, history, skipped, best = run.step, run.history, run.skipped, run.best
-        metrics, events, hists = run.metrics, run.events, run.hists
-        dyn = DynamicsHook.start(cfg, run, self.run_dir, resume, self.echo if main else lambda _: None)
-        scores = row_scores(cfg)
-
-        def forward(m: Any, batch: dict[str, torch.Tensor], denominator: float | None = None) -> ForwardOut:
-            return self._loss(m, batch, offsets, class_weights, denominator, accelerator.autocast)
-
-        bar = progress_bar(total, step) if self.progress else None
-        stopped_early = False
-        last_eval: dict[str, float] | None = None
-        saved_at = step if latest is not None and resume else -1
-        model.train()
+        self._start(resume)
+        cfg, state = self.cfg, self.state
+        bar = progress_bar(self.total, state.step) if self.progress else None
+        self.model.train()
         t_last = time.perf_counter()
-        while step < total:
-            if stop_after is not None and step >= stop_after:
-                break
-            now_step = step + 1
-            due = plan.due(now_step) if plan else []
-            for f in due:
-                events.add(now_step, "fault", f.kind, f.describe(), layer=f.layer)
-                if f.kind == "lr_spike":
-                    lr_spike *= float(f.factor or 100.0)
-            loss_sum, tokens, rows = 0.0, 0, []
-            verdict, stats, ratios, hist = Verdict(), None, None, None
-            monitor_step = now_step % cfg.monitor_every == 0
-            phase = sampler.phase + 1  # the phase this step's batches are drawn in
-            if guard is not None:
-                guard.enter_phase(phase, now_step)  # a new curriculum phase moves the loss legitimately
-            drawn = draw_step(accelerator, sampler, enc, task=cfg.task, grad_accum=cfg.grad_accum, pad_id=pad_id,
-                              rank=rank, world=world, class_weights=class_weights)  # slices, step denominator
-            for k, (idx, batch) in enumerate(drawn):
-                rows.extend(row_ids(enc, idx))
-                batch = {k: v.to(device) for k, v in batch.items()}
-                if any(f.kind == "garbage_batch" for f in due):
-                    batch = garbage_batch(batch, vocab_size, now_step)
-                tokens += int(batch["attention_mask"].sum())
-                with accelerator.accumulate(model):
-                    out = forward(model, batch, drawn.denominator)
-                    loss = out.loss
-                    if dyn is not None:  # the forward just done: no extra pass (dataguard.train.dynamics.recorder)
-                        dyn.record(now_step, drawn.passes_of(k), idx, out, batch)
-                    if due:
-                        loss = poison_loss(loss, due)
-                    accelerator.backward(loss * drawn.backward_scale)
-                    loss_sum += float(loss.detach())
-                    if accelerator.sync_gradients:
-                        if scaler is not None:
-                            accelerator.unscale_gradients(optimizer)
-                        for f in due:
-                            if f.kind == "nan_grad":
-                                poison_grads(monitor.layers, f.layer)
-                        if monitor_step:
-                            stats = monitor.stats()
-                        if now_step % cfg.histogram_every == 0:
-                            hist = monitor.histograms()
-                        clip_cfg = cfg if guard is None else ClipSettings(cfg.clip_rules, guard.clip_norm(now_step))
-                        clip = clip_gradients(raw_model, clip_cfg, kinds)
-                        mean_loss = loss_sum  # the shares of the step's weighted mean add up
-                        if world > 1:  # the loss of the whole batch: every process judges and logs the same
-                            mean_loss, tokens = across_processes(accelerator, mean_loss, tokens, device)
-                        bad_layers: list[str] = []
-                        if not clip.finite or not math.isfinite(mean_loss):
-                            bad_layers = monitor.nonfinite_layers()
-                        if guard is not None and (scaler is None or clip.finite):  # fp16 overflow: the scaler's
-                            verdict = guard.check(now_step, mean_loss, clip.total_norm, clip.finite, bad_layers)
-                        elif guard is not None:  # an fp16 overflow: an anomaly once it persists
-                            verdict = guard.scaler_skipped(now_step, float(scaler.get_scale()))
-                        applied, lr, lr_groups, ratios = optimizer_step(
-                            accelerator, optimizer, scheduler, scaler, clip, verdict, mean_loss, gvs, guard,
-                            lr_spike, monitor if monitor_step else None)
-                        if not applied:
-                            skipped += 1
-            step += 1
-            if guard is not None and applied and (monitor_step or step % cfg.save_every == 0 or step == total):
-                weights = guard.check_weights(step, monitor.max_abs_weight())
-                if weights.anomalies:
-                    verdict = Verdict(anomalies=verdict.anomalies + weights.anomalies, skip=False,
-                                      rollback=weights.rollback, stop=weights.stop)
+        while state.step < self.total and (stop_after is None or state.step < stop_after):
+            out = self._train_step()
+            state.step = out.step
+            state.skipped += not out.applied
+            weights_due = out.step % cfg.monitor_every == 0 or out.step % cfg.save_every == 0 or out.step == self.total
+            check_weights(self, out, weights_due)
             now = time.perf_counter()
-            record = metrics_record(step, mean_loss, lr, clip, applied, tokens, now - t_last, phase, scaler,
-                                    lr_groups, stats, ratios)
+            record = metrics_record(out, now - t_last, self.trainables.scaler)
             t_last = now
-            history.append({k: record[k] for k in ("step", "loss", "lr", "grad_norm", "skipped")})
-            metrics.write(record)
-            if hist is not None:
-                hists.write({"step": step, "layers": hist})
-                metrics.write_histograms(step, hist)
-            stop = respond(self.run_dir, step, verdict, applied, record, rows, bad_layers, guard, events, raw_model,
-                           optimizer, scheduler, scaler, scores=scores)
+            self._log(out, record)
+            stop = respond(self, out)
             if stop is not None:
-                if bar is not None:
-                    bar.close()
-                metrics.close()
-                if dyn is not None:
-                    dyn.finish(accelerator)
+                self._close(bar)
                 raise TrainDiverged(stop)
-            if verdict.rollback:
-                lr_spike = 1.0  # the spike lived in the optimizer state that was rolled back
-            if guard is not None:
-                self._verified(guard.after_step(applied, verdict), step, events, main, lr)
-            guard_after_step(guard, step, applied, verdict, cfg.max_grad_norm, events, lr, raw_model, optimizer,
-                             scheduler, scaler)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", gnorm=f"{clip.total_norm:.3g}",
-                                tok_s=f"{record['tokens_per_s']:.0f}")
-            is_best = False
-            if val is not None and (step % cfg.eval_every == 0 or step == total):
-                last_eval = self._evaluate(model, val, pad_id, offsets, device)
-                metrics.write({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
-                model.train()
-                if guard is not None:
-                    self._verified(guard.after_eval(last_eval["loss"], best["metric"]), step, events, main, lr)
-                    if applied and not verdict.anomalies and guard.eval_in_band(last_eval["loss"], best["metric"]):
-                        self._verified(guard.verify_current(step, raw_model, optimizer, scheduler, scaler), step,
-                                       events, main, lr)  # the state this eval measured
-                is_best, stopped_early = update_best(best, last_eval, cfg.early_stopping_patience)
-            if dyn is not None:
-                dyn.at_eval(step, model, enc, pad_id=pad_id, device=device, forward=forward)
-            if is_best or step % cfg.save_every == 0 or step == total or stopped_early:
-                if is_best:
-                    best["checkpoint"] = f"step-{step:06d}"
-                path = self.run_dir
-                if guard is not None and applied and not verdict.anomalies:  # pending until verified; taken
-                    guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler)  # first: the save records it
-                dyn_files = dyn.checkpoint_files(accelerator, main) if dyn is not None else {}
-                if main:
-                    path = save_run_checkpoint(
-                        self.run_dir, self.cfg, step, raw_model, tokenizer, optimizer, scheduler, scaler, sampler,
-                        history, label_map, skipped, best, gvs, self._warn,
-                        {"guard": guard.state_dict() if guard is not None else None,
-                         "faults": {**plan.state_dict(), "lr_spike": lr_spike}},
-                        snapshot_to_save(guard, self.run_dir, step), dyn_files)
-                    events.add(step, "checkpoint", "save", str(path), lr=lr)
-                accelerator.wait_for_everyone()
-                if main and guard is not None and guard.snapshot is not None and guard.snapshot.step == step:
-                    ckpt_mod.mark_verified(self.run_dir, step, f"verified by the guard at step {step}: its eval")
-                saved_at = step
-                if is_best and main:
-                    write_atomic(self.run_dir / "best.json", json.dumps(
-                        {"checkpoint": str(path), "eval_loss": best["metric"], "step": step}) + "\n")
+            if out.verdict.rollback:
+                self.plan.rolled_back()
+            after_step(self, out)
+            advance_bar(bar, record)
+            is_best = self._evaluate_step(out)
+            if self.dyn is not None:
+                self.dyn.at_eval(out.step, self.model, self.enc, pad_id=self.pad_id, device=self.device,
+                                 forward=self._loss)
+            if is_best or out.step % cfg.save_every == 0 or out.step == self.total or state.stopped_early:
+                checkpoint_step(self, out, is_best)
             if self.on_step is not None:
-                self.on_step(step)
-            if stopped_early:
-                self.echo(f"early stopping at step {step}: no eval improvement in {best['bad_evals']} evals")
+                self.on_step(out.step)
+            if state.stopped_early:
+                self.echo(f"early stopping at step {out.step}: no eval improvement in {state.best['bad_evals']} evals")
                 break
+        self._close(bar)
+        if self.main:
+            final_against_best(cfg, self.run_dir, state.last_eval, state.best, self.warn)
+        return TrainResult.of(self.run_dir, state, self.total, self.guard, self.events)
+
+    def _train_step(self) -> StepOutcome:
+        """One optimizer step: its faults, ``grad_accum`` micro-batches forward and backward,
+        then (`_apply`) clipping, the guard's verdict and the optimizer step."""
+        step = self.state.step + 1
+        due = self.plan.due(step) if self.plan else []
+        for f in due:
+            self.events.add(step, "fault", f.kind, f.describe(), layer=f.layer)
+        out = StepOutcome(step=step, phase=self.sampler.phase + 1)  # the phase this step's batches are drawn in
+        if self.guard is not None:
+            self.guard.enter_phase(out.phase, step)  # a new curriculum phase moves the loss legitimately
+        drawn = draw_step(self.accelerator, self.sampler, self.enc, task=self.cfg.task, grad_accum=self.cfg.grad_accum,
+                          pad_id=self.pad_id, rank=self.rank, world=self.world,
+                          class_weights=self.loss_settings.class_weights)  # slices, step denominator
+        loss_sum = 0.0
+        for k, (idx, batch) in enumerate(drawn):
+            out.rows.extend(row_ids(self.enc, idx))
+            batch = {name: v.to(self.device) for name, v in batch.items()}
+            if any(f.kind == "garbage_batch" for f in due):
+                batch = garbage_batch(batch, self.vocab_size, step)
+            out.tokens += int(batch["attention_mask"].sum())
+            with self.accelerator.accumulate(self.model):
+                forward = self._loss(self.model, batch, drawn.denominator)
+                loss = forward.loss
+                if self.dyn is not None:  # the forward just done: no extra pass (dataguard.train.dynamics.recorder)
+                    self.dyn.record(step, drawn.passes_of(k), idx, forward, batch)
+                if due:
+                    loss = poison_loss(loss, due)
+                self.accelerator.backward(loss * drawn.backward_scale)
+                loss_sum += float(loss.detach())
+                if self.accelerator.sync_gradients:
+                    self._apply(out, loss_sum, due)
+        return out
+
+    def _apply(self, out: StepOutcome, loss_sum: float, due: list[Fault]) -> None:
+        """The accumulated gradients: unscale, monitor, clip, judge, then the optimizer step."""
+        cfg, guard, monitor, scaler = self.cfg, self.guard, self.monitor, self.trainables.scaler
+        monitor_step = out.step % cfg.monitor_every == 0
+        if scaler is not None:
+            self.accelerator.unscale_gradients(self.trainables.optimizer)
+        for f in due:
+            if f.kind == "nan_grad":
+                poison_grads(monitor.layers, f.layer)
+        if monitor_step:
+            out.stats = monitor.stats()
+        if out.step % cfg.histogram_every == 0:
+            out.hist = monitor.histograms()
+        clip_cfg = cfg if guard is None else ClipSettings(cfg.clip_rules, guard.clip_norm(out.step))
+        out.clip = clip_gradients(self.trainables.model, clip_cfg, self.kinds)
+        out.loss = loss_sum  # the shares of the step's weighted mean add up
+        if self.world > 1:  # the loss of the whole batch: every process judges and logs the same
+            out.loss, out.tokens = across_processes(self.accelerator, out.loss, out.tokens, self.device)
+        if not out.clip.finite or not math.isfinite(out.loss):
+            out.bad_layers = monitor.nonfinite_layers()
+        if guard is not None and (scaler is None or out.clip.finite):  # fp16 overflow: the scaler's
+            out.verdict = guard.check(out.step, out.loss, out.clip.total_norm, out.clip.finite, out.bad_layers)
+        elif guard is not None:  # an fp16 overflow: an anomaly once it persists
+            out.verdict = guard.scaler_skipped(out.step, float(scaler.get_scale()))
+        optimizer_step(self, out, monitor if monitor_step else None)
+
+    def _log(self, out: StepOutcome, record: dict[str, Any]) -> None:
+        """The step's metrics line, its history entry and its histograms."""
+        self.state.history.append({k: record[k] for k in ("step", "loss", "lr", "grad_norm", "skipped")})
+        self.metrics.write(record)
+        if out.hist is not None:
+            self.hists.write({"step": out.step, "layers": out.hist})
+            self.metrics.write_histograms(out.step, out.hist)
+
+    def _evaluate_step(self, out: StepOutcome) -> bool:
+        """Validation loss and accuracy (`evaluate`) every ``eval_every`` steps and at the last;
+        whether this is the best evaluation so far."""
+        cfg, state, step = self.cfg, self.state, out.step
+        if self.val is None or not (step % cfg.eval_every == 0 or step == self.total):
+            return False
+        state.last_eval = evaluate(self.model, self.val, task=cfg.task, batch_size=cfg.batch_size, pad_id=self.pad_id,
+                                   offsets=self.loss_settings.offsets, logit_adjustment=cfg.logit_adjustment,
+                                   device=self.device, beta=cfg.dpo_beta)
+        self.metrics.write({"step": step, **{f"eval_{k}": v for k, v in state.last_eval.items()}})
+        self.model.train()
+        after_eval(self, out, state.last_eval["loss"], state.best["metric"])  # the state this eval measured
+        is_best, state.stopped_early = update_best(state.best, state.last_eval, cfg.early_stopping_patience)
+        return is_best
+
+    def _loss(self, model: Any, batch: dict[str, torch.Tensor], denominator: float | None = None) -> ForwardOut:
+        return self.task.forward(model, batch, self.loss_settings, denominator=denominator,
+                                 autocast=self.accelerator.autocast)
+
+    def _close(self, bar: Any) -> None:
+        """Close the progress bar and the metrics log; write ``dynamics.arrow``."""
         if bar is not None:
             bar.close()
-        metrics.close()
-        if dyn is not None:
-            dyn.finish(accelerator)
-        if main:
-            final_against_best(self.cfg, self.run_dir, last_eval, best, self._warn)
-        final = ckpt_mod.latest_checkpoint(self.run_dir)
-        return TrainResult(run_dir=self.run_dir, steps=step, total_steps=total,
-                             final_loss=history[-1]["loss"] if history else None, skipped_steps=skipped,
-                             best_metric=best["metric"], best_checkpoint=best["checkpoint"],
-                             stopped_early=stopped_early, last_eval=last_eval, history=history,
-                             checkpoint=final if saved_at >= 0 else None,
-                             rollbacks=guard.rollbacks if guard is not None else 0, events=list(events.events))
+        self.metrics.close()
+        if self.dyn is not None:
+            self.dyn.finish(self.accelerator)
 
-    def _verified(self, snap: Any, step: int, events: Any, main: bool, lr: float) -> None:
-        """A snapshot the guard just verified: an event, and its checkpoint's VERIFIED marker."""
-        if snap is None:
-            return
-        marked = ckpt_mod.mark_verified(self.run_dir, snap.step, f"verified by the guard after step {snap.step}: "
-                                        f"{snap.clean_steps} clean steps") if main else None
-        events.add(step, "verified", "clean_steps" if snap.clean_steps else "eval",
-                   f"the state of step {snap.step} is a rollback target"
-                   + (f"; {marked.name} marked verified" if marked is not None else ""), lr=lr)
 
-    def _loss(self, model: Any, batch: dict[str, torch.Tensor], offsets: torch.Tensor | None,
-              class_weights: torch.Tensor | None, denominator: float | None = None,
-              autocast: Any = None) -> ForwardOut:
-        cfg = self.cfg
-        settings = LossSettings(offsets=offsets, logit_adjustment=cfg.logit_adjustment,
-                                label_smoothing=cfg.label_smoothing, class_weights=class_weights, beta=cfg.dpo_beta)
-        return get_task(cfg.task).forward(model, batch, settings, denominator=denominator, autocast=autocast)
-
-    def _evaluate(self, model: Any, val: Encoded, pad_id: int, offsets: torch.Tensor | None,
-                  device: torch.device) -> dict[str, float]:
-        """Validation loss and accuracy (`dataguard.train.evaluate.evaluate`)."""
-        cfg = self.cfg
-        return evaluate(model, val, task=cfg.task, batch_size=cfg.batch_size, pad_id=pad_id, offsets=offsets,
-                        logit_adjustment=cfg.logit_adjustment, device=device, beta=cfg.dpo_beta)
+@contextlib.contextmanager
+def claimed_run_folder(run_dir: Path, data: Path) -> Iterator[None]:
+    """Hold the run folder for the run (rank 0 claims it; other ranks wait for the claim)."""
+    if int(os.environ.get("RANK", "0")) != 0:  # other ranks under `accelerate launch`
+        wait_for_claim(run_dir)
+        yield
+        return
+    check_run_folder(run_dir, data)
+    folder = OutputFolder(run_dir)
+    try:
+        folder.claim()
+    except OutputFolderError as exc:
+        raise TrainError(str(exc)) from None
+    link = find_link(run_dir)  # at any depth, checkpoints/ included: never written through
+    if link is not None:
+        folder.release()
+        raise TrainError(str(LinkRefused(link)))
+    try:
+        yield
+    finally:
+        folder.release()
 
 
 def wait_for_claim(run_dir: Path, timeout_s: float = 600.0) -> None:
@@ -374,27 +383,3 @@ def check_run_folder(run_dir: Path, data: Path) -> None:
     if run == shards or shards.is_relative_to(run) or run.is_relative_to(shards):
         raise TrainError(f"output {run_dir}: the run folder must be apart from the pipeline output it trains "
                          f"on ({data}); choose another output")
-
-
-def save_run_checkpoint(run_dir: Path, cfg: TrainConfig, step: int, model: Any, tokenizer: Any, optimizer: Any,
-                        scheduler: Any, scaler: Any, sampler: CurriculumSampler, history: list[dict[str, Any]],
-                        label_map: LabelMap | None, skipped: int, best: dict[str, Any],
-                        gvs: GradVarianceScaler | None, warn: Callable[[str], None],
-                        guard_state: dict[str, Any] | None = None,
-                        guard_snapshot: dict[str, torch.Tensor] | None = None,
-                        more_files: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
-    """Save the step's checkpoint with the loop's own state; a refused save is a warning and
-    the newest complete checkpoint (or the run folder) is returned instead."""
-    extra = {"skipped_steps": skipped, "best": dict(best),
-             "grad_variance": gvs.state_dict() if gvs is not None else None, **(guard_state or {})}
-    try:
-        return ckpt_mod.save_checkpoint(
-            run_dir, step, model, optimizer, scheduler, scaler, sampler.state_dict(),
-            ckpt_mod.capture_rng(), history, label_map.to_json() if label_map else None, cfg.to_dict(),
-            tokenizer=tokenizer, extra=extra, keep=cfg.keep_checkpoints,
-            protect=[best["checkpoint"]] if best.get("checkpoint") else [],
-            weight_bound=float(cfg.guard["weight_bound"]) if cfg.guard else None,
-            tensor_files={**({GUARD_SNAPSHOT: guard_snapshot} if guard_snapshot else {}), **(more_files or {})} or None)
-    except ckpt_mod.CheckpointError as exc:
-        warn(str(exc))
-        return ckpt_mod.latest_checkpoint(run_dir) or run_dir

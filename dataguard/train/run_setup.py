@@ -51,21 +51,21 @@ from dataguard.train.stability.guard import EventLog, Guard, JsonlLog
 from dataguard.train.stability.guard_resume import restore_guard
 from dataguard.train.stability.monitor import Monitor
 from dataguard.train.stability.snapshot_store import SpillFolder
+from dataguard.train.state import RunState, Trainables
 from dataguard.train.tasks import get_task
+from dataguard.train.tasks.base import LossSettings
 
 
 @dataclass
 class RunSetup:
-    """Everything the training loop starts from (``step``, ``history``, ``skipped``, ``best``,
-    ``lr_spike``: step 0's values, or the resumed checkpoint's)."""
+    """Everything the training loop starts from (``state``: step 0's counters, or the resumed
+    checkpoint's); the trainer holds each field as an attribute of its own. ``model`` is
+    accelerate's wrapper, which runs the forward; ``trainables.model`` is the unwrapped one."""
 
     accelerator: Any
     model: Any
-    raw_model: Any
+    trainables: Trainables
     tokenizer: Any
-    optimizer: Any
-    scheduler: Any
-    scaler: Any
     device: torch.device
     main: bool
     rank: int
@@ -77,19 +77,14 @@ class RunSetup:
     val: Encoded | None
     total: int
     sampler: CurriculumSampler
-    offsets: torch.Tensor | None
-    class_weights: torch.Tensor | None
+    loss_settings: LossSettings
     pad_id: int
     gvs: GradVarianceScaler | None
     monitor: Monitor
     guard: Guard | None
     plan: FaultPlan
-    lr_spike: float
     vocab_size: int
-    step: int
-    history: list[dict[str, Any]]
-    skipped: int
-    best: dict[str, Any]
+    state: RunState
     metrics: MetricsLog
     events: EventLog
     hists: JsonlLog
@@ -206,28 +201,28 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     for f in plan.faults:
         if f.kind == "nan_grad" and f.layer is not None and f.layer not in monitor.layers:
             raise TrainError(f"fault at step {f.step}: no layer {f.layer!r} (layers: {', '.join(monitor.names)})")
-    lr_spike = 1.0
     vocab_size = int(getattr(raw_model.config, "vocab_size", 0) or 0) or 256
 
-    step, history, skipped = 0, [], 0
-    best: dict[str, Any] = {"metric": None, "checkpoint": None, "bad_evals": 0}
+    parts = Trainables(raw_model, optimizer, scheduler, scaler)
+    state = RunState()
     rng_state = None
     if resume and latest is not None:
         loaded = ckpt_mod.load_checkpoint(latest, raw_model, optimizer, scheduler, scaler)
         if loaded.sampler_state:
             sampler.load_state_dict(loaded.sampler_state)
-        step, history, rng_state = loaded.step, list(loaded.history), loaded.rng
-        skipped = int(loaded.extra.get("skipped_steps", 0))
-        best.update(loaded.extra.get("best", {}))
+        state.step, state.history, rng_state = loaded.step, list(loaded.history), loaded.rng
+        state.skipped = int(loaded.extra.get("skipped_steps", 0))
+        state.best.update(loaded.extra.get("best", {}))
+        state.saved = True
         if gvs is not None and loaded.extra.get("grad_variance"):
             gvs.load_state_dict(loaded.extra["grad_variance"])
         if guard is not None and loaded.extra.get("guard"):
             guard.load_state_dict(loaded.extra["guard"])
-            restore_guard(guard, loaded.extra["guard"], latest, run_dir, step, raw_model, optimizer, scheduler,
-                          scaler, note=lambda line: (echo(line), notes.append(line)))
+            restore_guard(guard, loaded.extra["guard"], latest, run_dir, state.step, parts,
+                          note=lambda line: (echo(line), notes.append(line)))
         plan.load_state_dict(loaded.extra.get("faults") or {})
-        lr_spike = float((loaded.extra.get("faults") or {}).get("lr_spike", 1.0))
-        echo(f"resumed from {latest} at step {step}")
+        echo(f"resumed from {latest} at step {state.step}")
+    step = state.step
     if main:
         write_summary(run_dir, cfg, notes, groups, lora_record, split_source, enc, val, total, warmup,
                       max_length, label_map, processes=world, threads=threads)
@@ -237,15 +232,15 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     events = EventLog(run_dir if main else None, resume_step=resumed_at)
     hists = JsonlLog(run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
     if guard is not None and guard.snapshot is None:  # a fresh start (or an older checkpoint): verified
-        guard.take_snapshot(step, raw_model, optimizer, scheduler, scaler, verified=True)
+        guard.take_snapshot(step, parts, verified=True)
     if main and label_map is not None and not (run_dir / "label_map.json").exists():
         label_map.save(run_dir / "label_map.json")
     if rng_state is not None:
         ckpt_mod.restore_rng(rng_state)  # last: nothing after this may draw before training
-    return RunSetup(accelerator=accelerator, model=model, raw_model=raw_model, tokenizer=tokenizer,
-                     optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device, main=main,
-                     rank=rank, world=world, kinds=kinds, latest=latest, label_map=label_map, enc=enc,
-                     val=val, total=total, sampler=sampler, offsets=offsets, class_weights=class_weights,
-                     pad_id=pad_id, gvs=gvs, monitor=monitor, guard=guard, plan=plan, lr_spike=lr_spike,
-                     vocab_size=vocab_size, step=step, history=history, skipped=skipped, best=best,
-                     metrics=metrics, events=events, hists=hists)
+    loss = LossSettings(offsets=offsets, logit_adjustment=cfg.logit_adjustment, label_smoothing=cfg.label_smoothing,
+                        class_weights=class_weights, beta=cfg.dpo_beta)
+    return RunSetup(accelerator=accelerator, model=model, trainables=parts, tokenizer=tokenizer, device=device,
+                    main=main, rank=rank, world=world, kinds=kinds, latest=latest, label_map=label_map, enc=enc,
+                    val=val, total=total, sampler=sampler, loss_settings=loss, pad_id=pad_id, gvs=gvs, monitor=monitor,
+                    guard=guard, plan=plan, vocab_size=vocab_size, state=state, metrics=metrics, events=events,
+                    hists=hists)

@@ -1,24 +1,28 @@
-"""One optimizer step of the loop, and what is recorded about it.
+"""One optimizer step of the loop.
 
 `draw_step` draws the step's micro-batches before the first backward and fixes the step's
-loss denominator (THE WEIGHT RULE in `dataguard.train.data.split`); `optimizer_step` applies (or skips) the step of accumulated, clipped gradients with the
-lr damping / back-off / spike of this step only; `metrics_record` is the step's line of
-``metrics.jsonl``; `guard_after_step` closes a recovery and takes the guard's snapshots;
-`update_best` tracks the best evaluation for early stopping.
+loss denominator (THE WEIGHT RULE in `dataguard.train.data.split`); `StepOutcome` is what the
+step did, filled in as it runs; `optimizer_step` applies (or skips) the step of accumulated,
+clipped gradients with the lr damping / back-off / spike of this step only; `update_best`
+tracks the best evaluation for early stopping.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from dataguard.train.data import Encoded
 from dataguard.train.dynamics.recorder import pass_of_rows
-from dataguard.train.optim.optimizer import GradVarianceScaler
-from dataguard.train.stability.guard import Verdict
+from dataguard.train.optim.optimizer import ClipResult, GradVarianceScaler
+from dataguard.train.stability.faults import FaultPlan
+from dataguard.train.stability.guard import Guard, Verdict
+from dataguard.train.stability.monitor import Monitor
+from dataguard.train.state import Trainables
 from dataguard.train.tasks import get_task
 
 
@@ -75,6 +79,29 @@ def draw_step(accelerator: Any, sampler: Any, enc: Encoded, *, task: str, grad_a
 
 
 @dataclass
+class StepOutcome:
+    """One optimizer step as it went, filled in as it runs: the metrics line logs it, the
+    guard's verdict judges it and `respond` acts on it. ``loss`` is the step's weighted mean
+    over every process; ``clip`` is set once the gradients are clipped; ``stats``, ``ratios`` and
+    ``hist`` are the monitor's, on the steps it looks."""
+
+    step: int
+    phase: int
+    rows: list[str] = field(default_factory=list)
+    tokens: int = 0
+    loss: float = math.nan
+    clip: ClipResult | None = None
+    bad_layers: list[str] = field(default_factory=list)
+    verdict: Verdict = field(default_factory=Verdict)
+    applied: bool = False
+    lr: float = math.nan
+    lr_groups: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] | None = None
+    ratios: dict[str, float] | None = None
+    hist: dict[str, Any] | None = None
+
+
+@dataclass
 class ClipSettings:
     """The clipping settings of one step (the guard tightens ``max_grad_norm`` while recovering)."""
 
@@ -97,76 +124,57 @@ def lr_groups(optimizer: Any) -> dict[str, float]:
     return out
 
 
-def optimizer_step(accelerator: Any, optimizer: Any, scheduler: Any, scaler: Any, clip: Any, verdict: Verdict,
-                    mean_loss: float, gvs: GradVarianceScaler | None, guard: Any, lr_spike: float,
-                    monitor: Any) -> tuple[bool, float, dict[str, float], dict[str, float] | None]:
-    """Apply (or skip) the optimizer step of accumulated, clipped gradients; returns (applied,
-    base lr used, lr per group kind, update ratios when ``monitor`` is given). The lr damping /
-    back-off / spike is for this step only; the scheduler steps only for an applied step."""
-    ratios = None
+class StepObjects(Protocol):
+    """What `optimizer_step` reads of the trainer: the objects the step changes or consults."""
+
+    accelerator: Any
+    trainables: Trainables
+    gvs: GradVarianceScaler | None
+    guard: Guard | None
+    plan: FaultPlan
+
+
+def optimizer_step(run: StepObjects, out: StepOutcome, monitor: Monitor | None) -> None:
+    """Apply (or skip) the optimizer step of accumulated, clipped gradients; sets ``out.applied``,
+    the base lr used, the lr per group kind and the update ratios (when ``monitor`` is given).
+    The lr damping / back-off / spike is for this step only; the scheduler steps only for an
+    applied step."""
+    optimizer, scaler, clip, guard = run.trainables.optimizer, run.trainables.scaler, out.clip, run.guard
+    assert clip is not None, "the optimizer step follows clipping"
     first = optimizer.param_groups[0]
-    if (not clip.finite and scaler is None) or verdict.skip:
-        applied = False  # never let a non-finite gradient (or a spike) reach the weights
+    if (not clip.finite and scaler is None) or out.verdict.skip:
+        out.applied = False  # never let a non-finite gradient (or a spike) reach the weights
         if scaler is not None and clip.finite:
             scaler.update()  # unscale_ was called: close this step for the scaler
         # the lr in force (the guard's back-off and a spike included), as an applied step logs it
-        in_force = (guard.lr_scale if guard is not None else 1.0) * lr_spike
-        lr = first["lr"] / (first.get("lr_mult") or 1.0) * in_force
-        groups = {kind: value * in_force for kind, value in lr_groups(optimizer).items()}
+        in_force = (guard.lr_scale if guard is not None else 1.0) * run.plan.lr_spike
+        out.lr = first["lr"] / (first.get("lr_mult") or 1.0) * in_force
+        out.lr_groups = {kind: value * in_force for kind, value in lr_groups(optimizer).items()}
     else:
         scheduled = [g["lr"] for g in optimizer.param_groups]
         factor = 1.0
-        if gvs is not None and clip.finite:
-            factor = gvs.update(clip.total_norm)
-        factor = factor * (guard.lr_scale if guard is not None else 1.0) * lr_spike
+        if run.gvs is not None and clip.finite:
+            factor = run.gvs.update(clip.total_norm)
+        factor = factor * (guard.lr_scale if guard is not None else 1.0) * run.plan.lr_spike
         if factor != 1.0:
             for g in optimizer.param_groups:
                 g["lr"] *= factor
         if monitor is not None:
             monitor.begin_update()
         optimizer.step()  # with a scaler, a non-finite step is skipped inside
-        applied = clip.finite and not accelerator.optimizer_step_was_skipped
+        out.applied = clip.finite and not run.accelerator.optimizer_step_was_skipped
         if monitor is not None:
-            ratios = monitor.update_ratios()
-        lr = first["lr"] / (first.get("lr_mult") or 1.0)  # the base lr (x1.0) used
-        groups = lr_groups(optimizer)
+            out.ratios = monitor.update_ratios()
+        out.lr = first["lr"] / (first.get("lr_mult") or 1.0)  # the base lr (x1.0) used
+        out.lr_groups = lr_groups(optimizer)
         if factor != 1.0:  # the damping / back-off is for this step only
             for g, value in zip(optimizer.param_groups, scheduled, strict=True):
                 g["lr"] = value
-    if applied:
-        scheduler.step()
+    if out.applied:
+        run.trainables.scheduler.step()
         if guard is not None:
-            guard.accept(mean_loss, clip.total_norm)
+            guard.accept(out.loss, clip.total_norm)
     optimizer.zero_grad(set_to_none=True)
-    return applied, lr, groups, ratios
-
-
-def metrics_record(step: int, mean_loss: float, lr: float, clip: Any, applied: bool, tokens: int, seconds: float,
-                   phase: int, scaler: Any, groups: dict[str, float], stats: dict[str, Any] | None,
-                   ratios: dict[str, float] | None) -> dict[str, Any]:
-    """The step's metrics line (per-layer statistics on monitored steps)."""
-    record = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": clip.total_norm,
-              "clipped": clip.clipped, "skipped": not applied, "tokens": tokens,
-              "tokens_per_s": tokens / max(seconds, 1e-9), "phase": phase,
-              "amp_scale": float(scaler.get_scale()) if scaler is not None else None, "lr_groups": groups}
-    if scaler is not None:
-        record["loss_scale"] = float(scaler.get_scale())
-    if stats is not None:
-        record.update(stats)
-        record["update_ratios"] = ratios or {}
-    return record
-
-
-def guard_after_step(guard: Any, step: int, applied: bool, verdict: Verdict, max_grad_norm: float, events: Any,
-                     lr: float, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
-    """The end of a recovery window (an event) and the guard's periodic in-memory snapshot."""
-    if guard is None:
-        return
-    if guard.rollbacks and step == guard.recover_until:
-        events.add(step, "recovered", "recovery_end", f"clip back to {max_grad_norm:g} after "
-                   f"{guard.k['recovery_steps']} steps; lr scale stays x{guard.lr_scale:g}", lr=lr)
-    if applied and not verdict.anomalies and not verdict.rollback and step % int(guard.k["snapshot_every"]) == 0:
-        guard.take_snapshot(step, model, optimizer, scheduler, scaler)
 
 
 def update_best(best: dict[str, Any], last_eval: dict[str, float], patience: int | None) -> tuple[bool, bool]:

@@ -1,6 +1,7 @@
-"""The per-step metrics writer: ``metrics.jsonl``, TensorBoard when asked and installed, and
-progress lines on stderr when no terminal shows the progress bar (CI, nohup, a pipe); and the
-run's closing verdict against its best evaluation (`final_against_best`)."""
+"""The per-step metrics: the step's line (`metrics_record`), its writer (``metrics.jsonl``,
+TensorBoard when asked and installed, and progress lines on stderr when no terminal shows the
+progress bar: CI, nohup, a pipe); and the run's closing verdict against its best evaluation
+(`final_against_best`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ from typing import Any
 
 from dataguard.io.safe_files import open_nofollow, write_atomic
 from dataguard.train.report.jsonl_log import trim_jsonl
+from dataguard.train.step import StepOutcome
+
+
+def metrics_record(out: StepOutcome, seconds: float, scaler: Any) -> dict[str, Any]:
+    """The step's metrics line (per-layer statistics on monitored steps)."""
+    amp_scale = float(scaler.get_scale()) if scaler is not None else None
+    record = {"step": out.step, "loss": out.loss, "lr": out.lr, "grad_norm": out.clip.total_norm,
+              "clipped": out.clip.clipped, "skipped": not out.applied, "tokens": out.tokens,
+              "tokens_per_s": out.tokens / max(seconds, 1e-9), "phase": out.phase,
+              "amp_scale": amp_scale, "lr_groups": out.lr_groups}
+    if scaler is not None:
+        record["loss_scale"] = float(scaler.get_scale())
+    if out.stats is not None:
+        record.update(out.stats)
+        record["update_ratios"] = out.ratios or {}
+    return record
 
 
 class MetricsLog:
@@ -161,6 +178,14 @@ def progress_bar(total: int, start: int) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+def advance_bar(bar: Any, record: dict[str, Any]) -> None:
+    """One step more on the bar (None: no bar), with the step's loss, lr, grad norm and tokens/s."""
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", gnorm=f"{record['grad_norm']:.3g}",
+                        tok_s=f"{record['tokens_per_s']:.0f}")
 
 
 def _is_number(value: Any) -> bool:

@@ -45,7 +45,8 @@ class Fault:
 
 
 class FaultPlan:
-    """The faults of a run, by step; ``fired`` keys are not fired again."""
+    """The faults of a run, by step; ``fired`` keys are not fired again. ``lr_spike`` is the lr
+    factor of the spikes fired so far (until a rollback), saved with the fired keys."""
 
     def __init__(self, faults: Iterable[Mapping[str, Any] | Fault] = ()) -> None:
         self.faults: list[Fault] = []
@@ -57,21 +58,30 @@ class FaultPlan:
                 raise ValueError(f"unknown fault kind {f['kind']!r} (expected one of: {', '.join(KINDS)})")
             self.faults.append(Fault(int(f["step"]), str(f["kind"]), f.get("layer"), f.get("factor")))
         self.fired: set[str] = set()
+        self.lr_spike = 1.0
 
     def __bool__(self) -> bool:
         return bool(self.faults)
 
     def due(self, step: int) -> list[Fault]:
-        """Faults for ``step`` not fired yet (and marks them fired)."""
+        """Faults for ``step`` not fired yet (marks them fired; a spike's factor takes effect)."""
         out = [f for f in self.faults if f.step == step and f.key() not in self.fired]
         self.fired.update(f.key() for f in out)
+        for f in out:
+            if f.kind == "lr_spike":
+                self.lr_spike *= float(f.factor or 100.0)
         return out
 
+    def rolled_back(self) -> None:
+        """The spike lived in the optimizer state a rollback just replaced."""
+        self.lr_spike = 1.0
+
     def state_dict(self) -> dict[str, Any]:
-        return {"fired": sorted(self.fired)}
+        return {"fired": sorted(self.fired), "lr_spike": self.lr_spike}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.fired = set(state.get("fired", []))
+        self.lr_spike = float(state.get("lr_spike", 1.0))
 
 
 def poison_loss(loss: torch.Tensor, faults: Sequence[Fault]) -> torch.Tensor:

@@ -57,9 +57,9 @@ from typing import Any
 
 import torch
 
-from dataguard.io.safe_files import write_atomic
 from dataguard.train.report.jsonl_log import JsonlLog
 from dataguard.train.stability.snapshot_store import SpillFolder, choose_place, host_copy, live_trainable
+from dataguard.train.state import Trainables
 
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered", "verified")
 # Knobs added after the first release; a guard mapping saved by an older run lacks them.
@@ -265,12 +265,12 @@ class Guard:
     def eval_in_band(self, eval_loss: float, best: float | None) -> bool:
         return math.isfinite(eval_loss) and (best is None or eval_loss <= best * (1.0 + float(self.k["worse_than_best"])))
 
-    def verify_current(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> Snapshot | None:
+    def verify_current(self, step: int, parts: Trainables) -> Snapshot | None:
         """The state an evaluation just measured in band, after a clean step: verified now."""
         held = next((p for p in self.pending if p.step == step), None)
         if held is not None:
             return self._verify(held)
-        if self.take_snapshot(step, model, optimizer, scheduler, scaler, verified=True) and \
+        if self.take_snapshot(step, parts, verified=True) and \
                 self.snapshot is not None and self.snapshot.step == step:
             return self.snapshot
         return None
@@ -291,15 +291,14 @@ class Guard:
     def recovering(self, step: int) -> bool:
         return step <= self.recover_until
 
-    def take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any, *,
-                      verified: bool = False) -> bool:
+    def take_snapshot(self, step: int, parts: Trainables, *, verified: bool = False) -> bool:
         """Snapshot the trainable state as pending (or as the verified target: the start of a
         run); refused (False) when a weight is non-finite or above ``weight_bound``. The
         optimizer's moments are not kept: a rollback resets them anyway."""
         if (any(p.step == step for p in self.pending) and not verified) or \
                 (self.snapshot is not None and self.snapshot.step == step):
             return True  # this state is already held (verified, or waiting)
-        live = live_trainable(model)
+        live = live_trainable(parts.model)
         bound = float(self.k["weight_bound"])
         for value in live.values():
             if value.is_floating_point() and value.numel():
@@ -309,10 +308,10 @@ class Guard:
         spilled = self.spill is not None and choose_place(str(self.k.get("snapshot_in", "auto")), live) == "disk"
         tensors = self.spill.write(step, live) if spilled else host_copy(live, self._spare.pop() if self._spare
                                                                           else None)
-        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in parts.optimizer.param_groups]
+        scaler_state = copy.deepcopy(parts.scaler.state_dict()) if parts.scaler is not None else None
         snap = Snapshot(step=step, model=tensors, optimizer={"param_groups": groups},
-                        scheduler=None, scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
-                        verified=verified, spilled=spilled)
+                        scheduler=None, scaler=scaler_state, verified=verified, spilled=spilled)
         if verified:
             self._drop(self.pending + ([self.snapshot] if self.snapshot else []))
             self.snapshot, self.pending = snap, []
@@ -321,13 +320,14 @@ class Guard:
             self.pending = [*self.pending[-1:], snap]  # at most two wait: memory stays bounded
         return True
 
-    def roll_back(self, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> int:
+    def roll_back(self, step: int, parts: Trainables) -> int:
         """Restore the snapshot, back off the lr, tighten clipping, reset the moments.
         Returns the step the state was taken at."""
         snap = self.snapshot
         assert snap is not None and snap.verified, "no verified snapshot to roll back to"
+        optimizer, scaler = parts.optimizer, parts.scaler
         with torch.no_grad():
-            state = model.state_dict(keep_vars=True)
+            state = parts.model.state_dict(keep_vars=True)
             for key, value in snap.model.items():
                 state[key].data.copy_(value)
         inner = getattr(optimizer, "optimizer", optimizer)
@@ -357,6 +357,17 @@ class Guard:
                 self._spare.append(snap.model)
 
     # ------------------------------------------------------------------ resume
+    def adopt(self, snap: Snapshot) -> None:
+        """A snapshot restored from a checkpoint: the verified target, or the newest pending."""
+        if snap.verified:
+            self.snapshot = snap
+        else:
+            self.pending.append(snap)
+
+    def resume_pending(self, clean_steps: int) -> None:
+        """The newest pending snapshot had ``clean_steps`` clean steps when the checkpoint was saved."""
+        self.pending[-1].clean_steps = clean_steps
+
     def note_anomaly(self, layer: str | None, rows: list[str]) -> None:
         """Remember an anomalous step's first bad layer and its rows (capped), for the diagnosis."""
         if self.first_layer is None and layer:
@@ -383,17 +394,3 @@ class Guard:
         self.first_layer = state.get("first_layer")
         self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
         self.phase = state.get("phase")
-
-
-def trainable_state(model: Any, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Host copies of what an optimizer step can change (`snapshot_store.live_trainable`),
-    written into ``into`` (a dropped snapshot's tensors) when their shapes still match."""
-    return host_copy(live_trainable(model), into)
-
-
-def write_diagnosis(run_dir: Path, step: int, cause: str, first_layer: str | None, rows: list[str],
-                    events: list[dict[str, Any]]) -> Path:
-    path = run_dir / "diagnosis.json"
-    write_atomic(path, json.dumps({"step": int(step), "cause": cause, "first_layer": first_layer,
-                                   "rows": list(rows), "events": list(events)}, indent=1) + "\n")
-    return path

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from dataguard.train import checkpoint as ckpt_mod
-from dataguard.train.stability.guard import Guard, Snapshot, trainable_state
+from dataguard.train.stability.guard import Guard, Snapshot
+from dataguard.train.stability.snapshot_store import host_copy, live_trainable
+from dataguard.train.state import Trainables
 
 GUARD_SNAPSHOT = ckpt_mod.GUARD_SNAPSHOT
 
@@ -37,30 +39,30 @@ def snapshot_to_save(guard: Guard | None, run_dir: Path, step: int) -> dict[str,
     return out or None
 
 
-def restore_guard(guard: Guard, saved: dict[str, Any], latest: Path, run_dir: Path, step: int, model: Any,
-                  optimizer: Any, scheduler: Any, scaler: Any, note: Callable[[str], None]) -> None:
+def restore_guard(guard: Guard, saved: dict[str, Any], latest: Path, run_dir: Path, step: int, parts: Trainables,
+                  note: Callable[[str], None]) -> None:
     """Put back the verified target and the pending snapshots of the checkpoint resumed from."""
     stored = _stored(latest)
     verified_step = saved.get("verified_step")
     target = None
     if verified_step is not None and verified_step != step:
-        target = stored.get(int(verified_step)) or _from_checkpoint(run_dir, latest, int(verified_step), model)
+        target = stored.get(int(verified_step)) or _from_checkpoint(run_dir, latest, int(verified_step), parts.model)
     if target is None:
-        guard.take_snapshot(step, model, optimizer, scheduler, scaler, verified=True)
+        guard.take_snapshot(step, parts, verified=True)
         if verified_step is not None and verified_step != step:
             note(f"the guard's rollback target is the resumed state of step {step} (the verified state of step "
                  f"{verified_step} is not on disk)")
     else:
-        guard.snapshot = _snapshot(int(verified_step), target, model, optimizer, scaler, verified=True)
+        guard.adopt(_snapshot(int(verified_step), target, parts, verified=True))
     for pending in saved.get("pending") or []:
         at, clean = int(pending.get("step", -1)), int(pending.get("clean_steps", 0))
         if at == step:
-            guard.take_snapshot(step, model, optimizer, scheduler, scaler)
+            guard.take_snapshot(step, parts)
         elif at in stored:
-            guard.pending.append(_snapshot(at, stored[at], model, optimizer, scaler, verified=False))
+            guard.adopt(_snapshot(at, stored[at], parts, verified=False))
         else:
             continue
-        guard.pending[-1].clean_steps = clean
+        guard.resume_pending(clean)
 
 
 def _complete(run_dir: Path, step: int) -> bool:
@@ -90,15 +92,15 @@ def _from_checkpoint(run_dir: Path, latest: Path, step: int, model: Any) -> dict
     if not _intact(run_dir, step):
         return None
     ckpt_mod.load_weights(model, ckpt_mod.checkpoint_dir(run_dir) / f"step-{step:06d}")
-    tensors = trainable_state(model)
+    tensors = host_copy(live_trainable(model))
     ckpt_mod.load_weights(model, latest)
     return tensors
 
 
-def _snapshot(step: int, tensors: dict[str, torch.Tensor], model: Any, optimizer: Any, scaler: Any, *,
-              verified: bool) -> Snapshot:
-    device_of = {k: v.device for k, v in trainable_state(model).items()}
+def _snapshot(step: int, tensors: dict[str, torch.Tensor], parts: Trainables, *, verified: bool) -> Snapshot:
+    device_of = {k: v.device for k, v in host_copy(live_trainable(parts.model)).items()}
     return Snapshot(step=step, model={k: v.to(device_of.get(k, v.device)) for k, v in tensors.items()},
                     optimizer={"param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                                for g in optimizer.param_groups]},
-                    scheduler=None, scaler=scaler.state_dict() if scaler is not None else None, verified=verified)
+                                                for g in parts.optimizer.param_groups]},
+                    scheduler=None, scaler=parts.scaler.state_dict() if parts.scaler is not None else None,
+                    verified=verified)
