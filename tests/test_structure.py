@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import warnings
@@ -10,6 +11,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MAX_MODULE_LINES = 400
 HARD_MODULE_LINES = 600
+MAX_CLASS_LINES = 200
+HARD_CLASS_LINES = 250
 
 
 def test_no_import_cycles_between_dataguard_modules() -> None:
@@ -31,6 +34,24 @@ def test_module_sizes() -> None:
             warnings.warn(f"{path}: {n} lines (over {MAX_MODULE_LINES}): does it hold more than one job?",
                           stacklevel=1)
     assert {p: n for p, n in sizes.items() if n > HARD_MODULE_LINES} == {}
+
+
+def test_class_sizes() -> None:
+    """The same rule one level down (issue #25): a class over MAX_CLASS_LINES is a warning that it
+    may hold two jobs; over HARD_CLASS_LINES it does and fails. Nested classes count on their own."""
+    sizes: dict[str, int] = {}
+    for path in (REPO / "dataguard").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                sizes[f"{path.relative_to(REPO)}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
+    assert len(sizes) > 100  # the walk found the classes
+    for where, n in sorted(sizes.items()):
+        if n > MAX_CLASS_LINES:
+            warnings.warn(f"{where}: {n} lines (over {MAX_CLASS_LINES}): does it hold more than one job?",
+                          stacklevel=1)
+    assert {w: n for w, n in sizes.items() if n > HARD_CLASS_LINES} == {}
 
 
 def test_the_training_runner_loads_no_pipeline_stage() -> None:

@@ -91,7 +91,7 @@ def test_robust_z_spikes_and_layer_names():
     assert abs(robust_z(2.02, window)) < 1 and robust_z(5.0, window) > 6
     guard = Guard(load_train_config({"task": "sft", "model": "tiny-causal-lm", "data": "x"}).guard, 1.0)
     model = torch.nn.Linear(2, 2)
-    guard.take_snapshot(0, Trainables(model, torch.optim.AdamW(model.parameters()), None), verified=True)
+    guard.snapshots.take(0, Trainables(model, torch.optim.AdamW(model.parameters()), None), verified=True)
     for v in window:
         guard.accept(v, 1.0)
     assert not guard.check(31, 2.03, 1.02, True, []).anomalies
@@ -201,7 +201,7 @@ from dataguard.train.loop import Trainer
 real = guard.Guard.roll_back
 def dying(self, step, parts):
     with __import__("torch").no_grad():
-        parts.model.load_state_dict(self.snapshot.model, strict=False)  # half-way through restoring
+        parts.model.load_state_dict(self.snapshots.target.model, strict=False)  # half-way through restoring
     os.kill(os.getpid(), signal.SIGKILL)
 guard.Guard.roll_back = dying
 cfg = load_train_config(dict(task="sft", model="tiny-causal-lm", data=sys.argv[1], output=sys.argv[2],

@@ -165,41 +165,41 @@ def _guard(**knobs) -> tuple[Guard, torch.nn.Module, torch.optim.Optimizer]:
 
 def test_a_pending_snapshot_needs_clean_steps_and_an_anomaly_discards_it():
     guard, model, opt = _guard(verify_steps=3)
-    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
+    guard.snapshots.take(0, Trainables(model, opt, None), verified=True)
     with torch.no_grad():
         model.weight.add_(1.0)
-    guard.take_snapshot(5, Trainables(model, opt, None))
-    assert guard.snapshot.step == 0 and [p.step for p in guard.pending] == [5]
-    assert guard.after_step(True, Verdict()) is None and guard.after_step(False, Verdict()) is None
-    assert guard.after_step(True, Verdict(anomalies=[{"cause": "loss_spike"}])) is None
-    assert guard.pending == [] and guard.snapshot.step == 0  # discarded: the state may hold the bad update
-    guard.take_snapshot(8, Trainables(model, opt, None))
+    guard.snapshots.take(5, Trainables(model, opt, None))
+    assert guard.snapshots.target.step == 0 and [p.step for p in guard.snapshots.pending] == [5]
+    assert guard.snapshots.after_step(True, clean=True) is None and guard.snapshots.after_step(False, clean=True) is None
+    assert guard.snapshots.after_step(True, Verdict(anomalies=[{"cause": "loss_spike"}]).clean) is None
+    assert guard.snapshots.pending == [] and guard.snapshots.target.step == 0  # discarded: the state may hold the bad update
+    guard.snapshots.take(8, Trainables(model, opt, None))
     for _ in range(2):
-        assert guard.after_step(True, Verdict()) is None
-    assert guard.after_step(True, Verdict()).step == 8 and guard.snapshot.step == 8
+        assert guard.snapshots.after_step(True, clean=True) is None
+    assert guard.snapshots.after_step(True, clean=True).step == 8 and guard.snapshots.target.step == 8
 
 
 def test_an_eval_within_the_band_verifies_sooner_and_one_outside_does_not():
     guard, model, opt = _guard()
-    guard.take_snapshot(10, Trainables(model, opt, None))
-    assert guard.after_eval(5.0, best=3.0) is None  # more than 10% worse than the best
-    assert guard.after_eval(math.nan, best=3.0) is None
-    assert guard.after_eval(3.2, best=3.0).step == 10
+    guard.snapshots.take(10, Trainables(model, opt, None))
+    assert guard.snapshots.after_eval(5.0, best=3.0) is None  # more than 10% worse than the best
+    assert guard.snapshots.after_eval(math.nan, best=3.0) is None
+    assert guard.snapshots.after_eval(3.2, best=3.0).step == 10
 
 
 def test_a_state_over_the_bound_or_not_finite_is_never_a_snapshot():
     guard, model, opt = _guard()
     with torch.no_grad():
         model.weight[0, 0] = 2e6
-    assert guard.take_snapshot(3, Trainables(model, opt, None)) is False and guard.pending == []
+    assert guard.snapshots.take(3, Trainables(model, opt, None)) is False and guard.snapshots.pending == []
     with torch.no_grad():
         model.weight[0, 0] = math.nan
-    assert guard.take_snapshot(4, Trainables(model, opt, None), verified=True) is False and guard.snapshot is None
+    assert guard.snapshots.take(4, Trainables(model, opt, None), verified=True) is False and guard.snapshots.target is None
 
 
 def test_rollback_restores_the_verified_weights_but_keeps_the_schedule():
     guard, model, opt = _guard()
-    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
+    guard.snapshots.take(0, Trainables(model, opt, None), verified=True)
     saved = model.weight.detach().clone()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     for _ in range(4):
@@ -208,10 +208,10 @@ def test_rollback_restores_the_verified_weights_but_keeps_the_schedule():
         sched.step()
         opt.zero_grad()
     lr_now = opt.param_groups[0]["lr"]
-    guard.take_snapshot(4, Trainables(model, opt, sched))  # pending: not a rollback target
+    guard.snapshots.take(4, Trainables(model, opt, sched))  # pending: not a rollback target
     assert guard.roll_back(5, Trainables(model, opt, sched)) == 0
     assert torch.equal(model.weight, saved) and opt.param_groups[0]["lr"] == lr_now and not opt.state
-    assert guard.pending == []
+    assert guard.snapshots.pending == []
 
 
 def test_no_verified_state_means_stop_not_rollback():
@@ -222,7 +222,7 @@ def test_no_verified_state_means_stop_not_rollback():
 
 def test_fp16_overflows_become_anomalies_once_they_persist():
     guard, model, opt = _guard(fp16_skips_in_a_row=3, max_anomalies=2, fp16_min_scale=1.0)
-    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
+    guard.snapshots.take(0, Trainables(model, opt, None), verified=True)
     assert not guard.scaler_skipped(1, 2.0 ** 15).anomalies  # the scale settling: normal
     assert not guard.scaler_skipped(2, 2.0 ** 14).anomalies
     third = guard.scaler_skipped(3, 2.0 ** 13)
@@ -237,7 +237,7 @@ def test_a_new_curriculum_phase_restarts_the_spike_windows():
     """Admitting new classes raises the loss for a good reason: not a spike (the ready classify
     config rolled back at each phase change before)."""
     guard, model, opt = _guard()
-    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
+    guard.snapshots.take(0, Trainables(model, opt, None), verified=True)
     guard.enter_phase(1, 1)
     for step in range(1, 31):
         guard.check(step, 1.0 + 0.01 * (step % 3), 1.0, True, [])
@@ -288,8 +288,8 @@ def test_a_tied_matrix_is_snapshotted_once_and_a_rollback_restores_both_names():
     assert model.lm_head.weight is model.model.embed_tokens.weight
     guard, _, _ = _guard()
     opt = torch.optim.AdamW(model.parameters())
-    guard.take_snapshot(0, Trainables(model, opt, None), verified=True)
-    names = set(guard.snapshot.model)
+    guard.snapshots.take(0, Trainables(model, opt, None), verified=True)
+    names = set(guard.snapshots.target.model)
     assert ("lm_head.weight" in names) != ("model.embed_tokens.weight" in names)  # one copy, not two
     saved = model.lm_head.weight.detach().clone()
     with torch.no_grad():

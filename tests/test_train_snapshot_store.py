@@ -90,7 +90,7 @@ def test_a_refused_state_writes_no_file(tmp_path):
     opt = torch.optim.AdamW(model.parameters())
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
-    assert guard.take_snapshot(3, Trainables(model, opt, None)) is False
+    assert guard.snapshots.take(3, Trainables(model, opt, None)) is False
     assert not SpillFolder(tmp_path).path(3).exists()
 
 

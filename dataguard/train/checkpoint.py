@@ -40,7 +40,7 @@ from dataguard.train.rng import capture_rng, restore_rng  # noqa: F401 - restore
 
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
-VERIFIED = "VERIFIED"  # written once the guard verified the checkpoint's state (dataguard.train.stability.guard)
+VERIFIED = "VERIFIED"  # written once the guard verified the checkpoint's state (dataguard.train.stability.snapshots)
 GUARD_SNAPSHOT = "guard_snapshot.safetensors"  # the guard's snapshots (dataguard.train.stability.guard_resume), not weights
 SAVING = ".saving"  # the name of the temp folder a save is writing, written before the folder
 _NAME = re.compile(r"^step-(\d{6,})$")

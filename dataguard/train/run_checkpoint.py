@@ -58,13 +58,14 @@ def checkpoint_step(run: CheckpointedRun, out: StepOutcome, is_best: bool) -> No
         best["checkpoint"] = f"step-{step:06d}"
     path = run.run_dir
     if guard is not None and out.applied and not out.verdict.anomalies:  # pending until verified; taken
-        guard.take_snapshot(step, run.trainables)  # first: the save records it
+        guard.snapshots.take(step, run.trainables)  # first: the save records it
     dyn_files = run.dyn.checkpoint_files(run.accelerator, run.main) if run.dyn is not None else {}
     if run.main:
         path = save_run_checkpoint(run, dyn_files)
         run.events.add(step, "checkpoint", "save", str(path), lr=out.lr)
     run.accelerator.wait_for_everyone()
-    if run.main and guard is not None and guard.snapshot is not None and guard.snapshot.step == step:
+    target = guard.snapshots.target if guard is not None else None
+    if run.main and target is not None and target.step == step:
         ckpt_mod.mark_verified(run.run_dir, step, f"verified by the guard at step {step}: its eval")
     run.state.saved = True
     if is_best and run.main:
@@ -79,7 +80,7 @@ def save_run_checkpoint(run: CheckpointedRun, more_files: dict[str, dict[str, to
     extra = {"skipped_steps": state.skipped, "best": dict(state.best),
              "grad_variance": run.gvs.state_dict() if run.gvs is not None else None,
              "guard": guard.state_dict() if guard is not None else None, "faults": run.plan.state_dict()}
-    snapshots = snapshot_to_save(guard, run.run_dir, state.step)
+    snapshots = snapshot_to_save(guard.snapshots if guard is not None else None, run.run_dir, state.step)
     try:
         return ckpt_mod.save_checkpoint(
             run.run_dir, state.step, parts.model, parts.optimizer, parts.scheduler, parts.scaler,

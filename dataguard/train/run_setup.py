@@ -218,7 +218,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
             gvs.load_state_dict(loaded.extra["grad_variance"])
         if guard is not None and loaded.extra.get("guard"):
             guard.load_state_dict(loaded.extra["guard"])
-            restore_guard(guard, loaded.extra["guard"], latest, run_dir, state.step, parts,
+            restore_guard(guard.snapshots, loaded.extra["guard"], latest, run_dir, state.step, parts,
                           note=lambda line: (echo(line), notes.append(line)))
         plan.load_state_dict(loaded.extra.get("faults") or {})
         echo(f"resumed from {latest} at step {state.step}")
@@ -231,8 +231,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     resumed_at = step if resume and latest is not None else None
     events = EventLog(run_dir if main else None, resume_step=resumed_at)
     hists = JsonlLog(run_dir / "histograms.jsonl" if main else None, resume_step=resumed_at)
-    if guard is not None and guard.snapshot is None:  # a fresh start (or an older checkpoint): verified
-        guard.take_snapshot(step, parts, verified=True)
+    if guard is not None and guard.snapshots.target is None:  # a fresh start (or an older checkpoint): verified
+        guard.snapshots.take(step, parts, verified=True)
     if main and label_map is not None and not (run_dir / "label_map.json").exists():
         label_map.save(run_dir / "label_map.json")
     if rng_state is not None:

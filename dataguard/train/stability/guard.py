@@ -9,16 +9,8 @@ Detection (per optimizer step, before the update is applied):
   the median so a flat window does not turn noise into spikes;
 - weights above ``weight_bound`` (checked after the update, on monitor steps).
 
-Rollback targets are *verified* states. A snapshot (taken every ``snapshot_every`` steps and
-at every checkpoint, only after a clean step and only with every weight finite and within
-``weight_bound``) is first *pending*; it becomes the rollback target once ``verify_steps``
-applied steps after it passed without an anomaly, or sooner when an evaluation after it
-stays within ``worse_than_best`` of the best evaluation. An anomaly while a snapshot is
-pending discards it: the state may already hold the update that caused the anomaly (an lr
-spike shows in the loss only on the next step). The state the run starts from (the model as
-loaded, or the verified checkpoint a resume took) is verified by definition. A checkpoint
-whose snapshot is verified gets a ``VERIFIED`` marker (`dataguard.train.checkpoint`);
-``--resume`` and rollbacks use only verified states.
+Rollbacks go back only to *verified* states: a snapshot is pending until clean steps or an
+evaluation prove it good, and an anomaly discards it (`snapshots`, which holds them).
 
 Response ladder: every anomaly skips its step (no optimizer update, no scheduler step).
 When ``max_anomalies`` anomalies fall within ``anomaly_window`` steps, the guard rolls back
@@ -35,9 +27,6 @@ fp16: a step the GradScaler skips (an overflow) is normal while the scale settle
 becomes an anomaly once ``fp16_skips_in_a_row`` steps in a row were skipped or the scale
 fell below ``fp16_min_scale``, so a real fp16 divergence rolls back and stops like bf16/fp32.
 
-Snapshots hold only what training changes: the trainable parameters (a LoRA adapter, not
-the frozen base) and buffers, on the device; the optimizer state is copied once.
-
 Every event goes to ``events.jsonl``. The guard's state (windows, anomaly steps, rollbacks,
 lr scale, recovery deadline, the pending snapshot's clean-step count) is saved with each
 checkpoint so a resumed run takes the same decisions.
@@ -45,20 +34,17 @@ checkpoint so a resumed run takes the same decisions.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dataguard.train.report.jsonl_log import JsonlLog
-from dataguard.train.stability.snapshot_store import SpillFolder, choose_place, host_copy, live_trainable
+from dataguard.train.stability.snapshot_store import SpillFolder
+from dataguard.train.stability.snapshots import Snapshots
 from dataguard.train.state import Trainables
 
 EVENT_KINDS = ("anomaly", "skip", "rollback", "stop", "fault", "checkpoint", "recovered", "verified")
@@ -79,20 +65,6 @@ def robust_z(value: float, window: list[float]) -> float:
 
 
 @dataclass
-class Snapshot:
-    """A state the run can go back to; ``verified`` once it proved good (see the module doc)."""
-
-    step: int
-    model: dict[str, torch.Tensor]
-    optimizer: dict[str, Any]
-    scheduler: dict[str, Any] | None
-    scaler: dict[str, Any] | None
-    verified: bool = False
-    clean_steps: int = 0
-    spilled: bool = False  # its tensors are a memory-mapped file in RUN/_guard (snapshot_store)
-
-
-@dataclass
 class Verdict:
     """What the guard decided for one step."""
 
@@ -100,6 +72,11 @@ class Verdict:
     skip: bool = False
     rollback: bool = False
     stop: bool = False
+
+    @property
+    def clean(self) -> bool:
+        """No anomaly, rollback or stop: the state after this step may become a rollback target."""
+        return not (self.anomalies or self.rollback or self.stop)
 
 
 MAX_BAD_ROWS = 1000
@@ -125,21 +102,17 @@ class EventLog(JsonlLog):
 
 
 class Guard:
-    """The response ladder's state and decisions (the loop applies them)."""
+    """The response ladder's state and decisions (the loop applies them); the states it rolls
+    back to are its `Snapshots`."""
 
     def __init__(self, knobs: Mapping[str, Any], max_grad_norm: float, warmup_steps: int = 0,
                  spill: SpillFolder | None = None) -> None:
         self.k = {**GUARD_KNOB_DEFAULTS, **dict(knobs)}
-        self.spill = spill  # where large snapshots go on a CPU run (None: always host memory)
-        if spill is not None:
-            spill.clear()  # a killed run's files: a resume restores from its checkpoint, not these
-            weakref.finalize(self, spill.clear)  # and this run's, once the guard is let go
+        self.snapshots = Snapshots(self.k, spill)
         self.max_grad_norm = float(max_grad_norm)
         self.warmup_steps = int(warmup_steps)  # their fast-falling losses never enter the windows
-        self.pending: list[Snapshot] = []  # oldest first; each waits for its clean steps
         self.current_step = 0  # the step `check` judged last (`accept` follows it)
         self.phase: int | None = None  # the curriculum phase of the last step
-        self._spare: list[dict[str, torch.Tensor]] = []  # tensors of dropped snapshots, reused
         self.skips_in_a_row = 0
         self.loss_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
         self.gnorm_window: deque[float] = deque(maxlen=int(self.k["zscore_window"]))
@@ -147,7 +120,6 @@ class Guard:
         self.rollbacks = 0
         self.lr_scale = 1.0
         self.recover_until = 0
-        self.snapshot: Snapshot | None = None
         self.bad_rows: list[str] = []  # the rows of anomalous steps (first 1,000), for the diagnosis
         self.first_layer: str | None = None
 
@@ -191,7 +163,7 @@ class Guard:
 
     def _escalate(self, v: Verdict) -> None:
         """Roll back, or stop once ``max_rollbacks`` rollbacks have been spent."""
-        if self.rollbacks >= int(self.k["max_rollbacks"]) or self.snapshot is None:
+        if self.rollbacks >= int(self.k["max_rollbacks"]) or self.snapshots.target is None:
             v.stop = True  # no rollbacks left, or no verified state to go back to
         else:
             v.rollback = True
@@ -237,137 +209,23 @@ class Guard:
                 self.gnorm_window.clear()
             self.phase = phase
 
-    # ------------------------------------------------------------------ verification
-    def after_step(self, applied: bool, verdict: Verdict) -> Snapshot | None:
-        """Count a step against the pending snapshots: an anomaly discards them all, the
-        ``verify_steps``-th clean applied step verifies one (returned, so the loop can mark its
-        checkpoint)."""
-        if verdict.anomalies or verdict.rollback or verdict.stop:
-            self._drop(self.pending)
-            self.pending = []
-            return None
-        if not applied:
-            return None
-        ready = None
-        for snap in self.pending:
-            snap.clean_steps += 1
-            if snap.clean_steps >= int(self.k["verify_steps"]):
-                ready = snap
-        return self._verify(ready) if ready is not None else None
-
-    def after_eval(self, eval_loss: float, best: float | None) -> Snapshot | None:
-        """An evaluation within ``worse_than_best`` of the best verifies the pending snapshots
-        sooner (the newest becomes the target)."""
-        if not self.pending or not self.eval_in_band(eval_loss, best):
-            return None
-        return self._verify(self.pending[-1])
-
-    def eval_in_band(self, eval_loss: float, best: float | None) -> bool:
-        return math.isfinite(eval_loss) and (best is None or eval_loss <= best * (1.0 + float(self.k["worse_than_best"])))
-
-    def verify_current(self, step: int, parts: Trainables) -> Snapshot | None:
-        """The state an evaluation just measured in band, after a clean step: verified now."""
-        held = next((p for p in self.pending if p.step == step), None)
-        if held is not None:
-            return self._verify(held)
-        if self.take_snapshot(step, parts, verified=True) and \
-                self.snapshot is not None and self.snapshot.step == step:
-            return self.snapshot
-        return None
-
-    def _verify(self, snap: Snapshot) -> Snapshot:
-        self._drop([p for p in self.pending if p.step < snap.step] + ([self.snapshot] if self.snapshot else []))
-        self.pending = [p for p in self.pending if p.step > snap.step]
-        snap.verified = True
-        self.snapshot = snap
-        return snap
-
     # ------------------------------------------------------------------ recovery
     def clip_norm(self, step: int) -> float:
         if step <= self.recover_until:
             return min(self.max_grad_norm, float(self.k["recovery_clip"]))
         return self.max_grad_norm
 
-    def recovering(self, step: int) -> bool:
-        return step <= self.recover_until
-
-    def take_snapshot(self, step: int, parts: Trainables, *, verified: bool = False) -> bool:
-        """Snapshot the trainable state as pending (or as the verified target: the start of a
-        run); refused (False) when a weight is non-finite or above ``weight_bound``. The
-        optimizer's moments are not kept: a rollback resets them anyway."""
-        if (any(p.step == step for p in self.pending) and not verified) or \
-                (self.snapshot is not None and self.snapshot.step == step):
-            return True  # this state is already held (verified, or waiting)
-        live = live_trainable(parts.model)
-        bound = float(self.k["weight_bound"])
-        for value in live.values():
-            if value.is_floating_point() and value.numel():
-                low, high = torch.aminmax(value)  # no full-size temporary, unlike abs().max()
-                if not bool(torch.maximum(-low, high) <= bound):
-                    return False  # NaN compares False too
-        spilled = self.spill is not None and choose_place(str(self.k.get("snapshot_in", "auto")), live) == "disk"
-        tensors = self.spill.write(step, live) if spilled else host_copy(live, self._spare.pop() if self._spare
-                                                                          else None)
-        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in parts.optimizer.param_groups]
-        scaler_state = copy.deepcopy(parts.scaler.state_dict()) if parts.scaler is not None else None
-        snap = Snapshot(step=step, model=tensors, optimizer={"param_groups": groups},
-                        scheduler=None, scaler=scaler_state, verified=verified, spilled=spilled)
-        if verified:
-            self._drop(self.pending + ([self.snapshot] if self.snapshot else []))
-            self.snapshot, self.pending = snap, []
-        else:
-            self._drop(self.pending[:-1])
-            self.pending = [*self.pending[-1:], snap]  # at most two wait: memory stays bounded
-        return True
-
     def roll_back(self, step: int, parts: Trainables) -> int:
-        """Restore the snapshot, back off the lr, tighten clipping, reset the moments.
-        Returns the step the state was taken at."""
-        snap = self.snapshot
-        assert snap is not None and snap.verified, "no verified snapshot to roll back to"
-        optimizer, scaler = parts.optimizer, parts.scaler
-        with torch.no_grad():
-            state = parts.model.state_dict(keep_vars=True)
-            for key, value in snap.model.items():
-                state[key].data.copy_(value)
-        inner = getattr(optimizer, "optimizer", optimizer)
-        inner.state.clear()  # reset the Adam moments (and their bias-correction counters)
-        for g, saved in zip(optimizer.param_groups, snap.optimizer["param_groups"], strict=True):
-            lr = g["lr"]  # the schedule stays where the loop is
-            g.update(copy.deepcopy(saved))
-            g["lr"] = lr
-        if scaler is not None and snap.scaler is not None:
-            scaler.load_state_dict(copy.deepcopy(snap.scaler))
-        optimizer.zero_grad(set_to_none=True)
-        self._drop(self.pending)
-        self.pending = []
+        """Restore the verified snapshot, back off the lr, tighten clipping (the moments are
+        reset by the restore). Returns the step the state was taken at."""
+        target = self.snapshots.restore(parts)
         self.rollbacks += 1
         self.lr_scale *= float(self.k["lr_backoff"])
         self.recover_until = step + int(self.k["recovery_steps"])
         self.anomaly_steps = []
-        return snap.step
+        return target
 
-    def _drop(self, snaps: list[Snapshot]) -> None:
-        """Keep the tensors of snapshots let go, for the next snapshot to copy into: a new full
-        copy every ``snapshot_every`` steps cost as much in allocation as in copying."""
-        for snap in snaps:
-            if snap is not None and snap.spilled and self.spill is not None:
-                self.spill.release(snap.step)
-            elif snap is not None and len(self._spare) < 2:
-                self._spare.append(snap.model)
-
-    # ------------------------------------------------------------------ resume
-    def adopt(self, snap: Snapshot) -> None:
-        """A snapshot restored from a checkpoint: the verified target, or the newest pending."""
-        if snap.verified:
-            self.snapshot = snap
-        else:
-            self.pending.append(snap)
-
-    def resume_pending(self, clean_steps: int) -> None:
-        """The newest pending snapshot had ``clean_steps`` clean steps when the checkpoint was saved."""
-        self.pending[-1].clean_steps = clean_steps
-
+    # ------------------------------------------------------------------ diagnosis and resume
     def note_anomaly(self, layer: str | None, rows: list[str]) -> None:
         """Remember an anomalous step's first bad layer and its rows (capped), for the diagnosis."""
         if self.first_layer is None and layer:
@@ -380,8 +238,7 @@ class Guard:
                 "anomaly_steps": list(self.anomaly_steps), "rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "recover_until": self.recover_until, "bad_rows": list(self.bad_rows),
                 "first_layer": self.first_layer, "skips_in_a_row": self.skips_in_a_row, "phase": self.phase,
-                "verified_step": self.snapshot.step if self.snapshot is not None else None,
-                "pending": [{"step": p.step, "clean_steps": p.clean_steps} for p in self.pending]}
+                **self.snapshots.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loss_window.extend(float(x) for x in state.get("loss_window", []))

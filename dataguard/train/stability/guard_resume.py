@@ -18,19 +18,19 @@ from typing import Any
 import torch
 
 from dataguard.train import checkpoint as ckpt_mod
-from dataguard.train.stability.guard import Guard, Snapshot
 from dataguard.train.stability.snapshot_store import host_copy, live_trainable
+from dataguard.train.stability.snapshots import Snapshot, Snapshots
 from dataguard.train.state import Trainables
 
 GUARD_SNAPSHOT = ckpt_mod.GUARD_SNAPSHOT
 
 
-def snapshot_to_save(guard: Guard | None, run_dir: Path, step: int) -> dict[str, torch.Tensor] | None:
+def snapshot_to_save(snapshots: Snapshots | None, run_dir: Path, step: int) -> dict[str, torch.Tensor] | None:
     """The snapshots a checkpoint of ``step`` would not otherwise lead back to, as one flat dict."""
-    if guard is None:
+    if snapshots is None:
         return None
     out: dict[str, torch.Tensor] = {}
-    held = ([guard.snapshot] if guard.snapshot is not None else []) + list(guard.pending)
+    held = ([snapshots.target] if snapshots.target is not None else []) + list(snapshots.pending)
     for snap in held:
         if snap.step == step or (snap.verified and _complete(run_dir, snap.step)):
             continue  # (its sums are checked when a resume reads it, not re-hashed at every save)
@@ -39,7 +39,7 @@ def snapshot_to_save(guard: Guard | None, run_dir: Path, step: int) -> dict[str,
     return out or None
 
 
-def restore_guard(guard: Guard, saved: dict[str, Any], latest: Path, run_dir: Path, step: int, parts: Trainables,
+def restore_guard(snapshots: Snapshots, saved: dict[str, Any], latest: Path, run_dir: Path, step: int, parts: Trainables,
                   note: Callable[[str], None]) -> None:
     """Put back the verified target and the pending snapshots of the checkpoint resumed from."""
     stored = _stored(latest)
@@ -48,21 +48,21 @@ def restore_guard(guard: Guard, saved: dict[str, Any], latest: Path, run_dir: Pa
     if verified_step is not None and verified_step != step:
         target = stored.get(int(verified_step)) or _from_checkpoint(run_dir, latest, int(verified_step), parts.model)
     if target is None:
-        guard.take_snapshot(step, parts, verified=True)
+        snapshots.take(step, parts, verified=True)
         if verified_step is not None and verified_step != step:
             note(f"the guard's rollback target is the resumed state of step {step} (the verified state of step "
                  f"{verified_step} is not on disk)")
     else:
-        guard.adopt(_snapshot(int(verified_step), target, parts, verified=True))
+        snapshots.adopt(_snapshot(int(verified_step), target, parts, verified=True))
     for pending in saved.get("pending") or []:
         at, clean = int(pending.get("step", -1)), int(pending.get("clean_steps", 0))
         if at == step:
-            guard.take_snapshot(step, parts)
+            snapshots.take(step, parts)
         elif at in stored:
-            guard.adopt(_snapshot(at, stored[at], parts, verified=False))
+            snapshots.adopt(_snapshot(at, stored[at], parts, verified=False))
         else:
             continue
-        guard.resume_pending(clean)
+        snapshots.resume_pending(clean)
 
 
 def _complete(run_dir: Path, step: int) -> bool:

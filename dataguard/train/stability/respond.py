@@ -22,8 +22,9 @@ from typing import Any, Protocol
 from dataguard.io.safe_files import write_atomic
 from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.dynamics.rows import RowScores
-from dataguard.train.stability.guard import EventLog, Guard, Snapshot, Verdict
+from dataguard.train.stability.guard import EventLog, Guard, Verdict
 from dataguard.train.stability.monitor import Monitor
+from dataguard.train.stability.snapshots import Snapshot
 from dataguard.train.state import Trainables
 from dataguard.train.step import StepOutcome
 
@@ -112,12 +113,12 @@ def after_step(run: GuardedRun, out: StepOutcome) -> None:
     if guard is None:
         return
     verdict, step = out.verdict, out.step
-    note_verified(run, guard.after_step(out.applied, verdict), step, out.lr)
+    note_verified(run, guard.snapshots.after_step(out.applied, verdict.clean), step, out.lr)
     if guard.rollbacks and step == guard.recover_until:
         run.events.add(step, "recovered", "recovery_end", f"clip back to {guard.max_grad_norm:g} after "
                        f"{guard.k['recovery_steps']} steps; lr scale stays x{guard.lr_scale:g}", lr=out.lr)
     if out.applied and not verdict.anomalies and not verdict.rollback and step % int(guard.k["snapshot_every"]) == 0:
-        guard.take_snapshot(step, run.trainables)
+        guard.snapshots.take(step, run.trainables)
 
 
 def after_eval(run: GuardedRun, out: StepOutcome, eval_loss: float, best: float | None) -> None:
@@ -126,9 +127,9 @@ def after_eval(run: GuardedRun, out: StepOutcome, eval_loss: float, best: float 
     guard = run.guard
     if guard is None:
         return
-    note_verified(run, guard.after_eval(eval_loss, best), out.step, out.lr)
-    if out.applied and not out.verdict.anomalies and guard.eval_in_band(eval_loss, best):
-        note_verified(run, guard.verify_current(out.step, run.trainables), out.step, out.lr)
+    note_verified(run, guard.snapshots.after_eval(eval_loss, best), out.step, out.lr)
+    if out.applied and not out.verdict.anomalies and guard.snapshots.eval_in_band(eval_loss, best):
+        note_verified(run, guard.snapshots.verify_current(out.step, run.trainables), out.step, out.lr)
 
 
 def note_verified(run: GuardedRun, snap: Snapshot | None, step: int, lr: float) -> None:
