@@ -1,6 +1,8 @@
 """Preference pairs and DPO as a third task: the real Trainer on the DPO demo's real pairs (the
-tiny causal LM with LoRA), held-out reward accuracy above chance, exact resume, convert, and
-the pairs it cannot use left out with a reason."""
+tiny causal LM with LoRA): the DPO objective fits the pairs it trains on, exact resume,
+convert, and the pairs it cannot use left out with a reason. The tiny LM is random, so it has
+no preference to carry to unseen pairs; `benchmarks/bench_dpo.py` measures the held-out reward
+accuracy with SmolLM2."""
 
 from __future__ import annotations
 
@@ -33,46 +35,63 @@ def pair_shards(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def few_pair_shards(tmp_path_factory) -> Path:
+    """The demo's first 40 pairs: small enough for three passes over the training pairs."""
+    folder = tmp_path_factory.mktemp("dpo_few")
+    (folder / "pairs.json").write_text(json.dumps(json.loads(PAIRS.read_text(encoding="utf-8"))[:40]))
+    Pipeline([], workers=1).run([InputSpec(path=str(folder / "pairs.json"))], folder / "out")
+    return folder / "out"
+
+
 def _cfg(data: Path, out: Path, **kw):
-    values = {"task": "dpo", "model": "tiny-causal-lm", "data": str(data), "output": str(out), "max_steps": 30,
-              "batch_size": 4, "lr": 1e-3, "max_length": 1024, "eval_fraction": 0.2, "eval_every": 15,
-              "save_every": 15, "tensorboard": False, "device": "cpu", "seed": 0, "lora": {"r": 8}}
+    values = {"task": "dpo", "model": "tiny-causal-lm", "data": str(data), "output": str(out), "max_steps": 24,
+              "batch_size": 4, "lr": 5e-4, "max_length": 1024, "eval_fraction": 0.2, "eval_every": 12,
+              "save_every": 12, "tensorboard": False, "device": "cpu", "seed": 0, "lora": {"r": 8}}
     values.update(kw)
     return load_train_config(values)
 
 
-def _evals(run: Path) -> list[dict]:
-    return [m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in m]
+def _metrics(run: Path, key: str) -> list[dict]:
+    return [m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if key in m and (key != "loss" or "eval_loss" not in m)]
 
 
-def test_dpo_learns_the_held_out_preference_resumes_exactly_and_converts(pair_shards, tmp_path):
-    straight = Trainer(_cfg(pair_shards, tmp_path / "straight"), progress=False).fit()
-    assert straight.steps == 30 and straight.skipped_steps == 0
-    evals = _evals(tmp_path / "straight")
-    last = evals[-1]
-    # before training policy == reference: every pair's loss is ln 2 and no reward is higher
-    assert last["eval_loss"] < math.log(2) - 0.05
-    assert last["eval_accuracy"] > 0.5 and last["eval_reward_margin"] > 0
-    assert last["eval_reward_chosen"] > last["eval_reward_rejected"]
+def test_dpo_fits_its_training_pairs_resumes_exactly_and_converts(few_pair_shards, tmp_path):
+    straight = Trainer(_cfg(few_pair_shards, tmp_path / "straight"), progress=False).fit()
+    assert straight.steps == 24 and straight.skipped_steps == 0
+    losses = [m["loss"] for m in _metrics(tmp_path / "straight", "loss")]
     record = json.loads((tmp_path / "straight" / "run.json").read_text())
-    assert record["val_examples"] >= 20 and record["train_examples"] >= 100
-    # rows whose prompt fills max_length leave no response token on one side: counted, not lost
-    table = RunShards.open(pair_shards).table
-    every = get_task("dpo").encode(table, tiny_tokenizer(), max_length=1024, label_map=None, allow_empty=False)
-    assert len(every) + sum(every.dropped.values()) == table.num_rows
-    assert record["train_examples"] + record["val_examples"] == len(every)
-    assert record["dropped"]["chosen_no_assistant_tokens_after_truncation"] > 0
+    # the LoRA adapter starts at zero, so the policy IS the reference: every pair's loss is ln 2
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-4)
+    # the third pass over the same training pairs: the objective has moved them below ln 2
+    # (seeds 0, 1, 2 give 0.619, 0.649, 0.653; the first pass, over unseen pairs, 0.68-0.73)
+    per_pass = math.ceil(record["train_examples"] / 4)
+    assert 3 * per_pass <= 24 and sum(losses[-per_pass:]) / per_pass < math.log(2) - 0.02
+    evals = _metrics(tmp_path / "straight", "eval_loss")
+    assert [e["step"] for e in evals] == [12, 24]
+    for e in evals:  # the pair metrics are logged at every evaluation
+        assert 0 <= e["eval_accuracy"] <= 1 and math.isfinite(e["eval_reward_margin"])
+        assert e["eval_reward_margin"] == pytest.approx(e["eval_reward_chosen"] - e["eval_reward_rejected"], abs=1e-5)
 
-    # stopped at 15 and resumed: the same evaluations as the straight run, bit for bit
-    Trainer(_cfg(pair_shards, tmp_path / "resumed"), progress=False).fit(stop_after=15)
-    Trainer(_cfg(pair_shards, tmp_path / "resumed"), progress=False).fit(resume=True)
-    assert _evals(tmp_path / "resumed") == evals
+    # stopped at 12 and resumed: the same evaluations as the straight run, bit for bit
+    Trainer(_cfg(few_pair_shards, tmp_path / "resumed"), progress=False).fit(stop_after=12)
+    Trainer(_cfg(few_pair_shards, tmp_path / "resumed"), progress=False).fit(resume=True)
+    assert _metrics(tmp_path / "resumed", "eval_loss") == evals
 
     model_dir = convert_checkpoint(tmp_path / "straight", tmp_path / "merged", "newest")
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_pairs_the_encoder_cannot_use_are_counted(pair_shards):
+    """Rows whose prompt fills max_length leave no response token on one side: counted, not lost."""
+    table = RunShards.open(pair_shards).table
+    every = get_task("dpo").encode(table, tiny_tokenizer(), max_length=1024, label_map=None, allow_empty=False)
+    assert len(every) + sum(every.dropped.values()) == table.num_rows == 160
+    assert every.dropped["chosen_no_assistant_tokens_after_truncation"] > 0
 
 
 def test_unusable_pairs_are_left_out_with_a_reason(tmp_path):
