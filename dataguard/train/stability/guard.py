@@ -5,7 +5,7 @@ Detection (per optimizer step, before the update is applied):
 - a non-finite loss or gradient (what ``error_if_nonfinite`` means, without crashing);
 - a loss spike or a gradient-norm spike: robust z-score ``(x - median) / (1.4826 MAD)``
   over a trailing window of *accepted* steps (NaN and skipped steps are never in it), once
-  the window holds ``max(10, zscore_window // 5)`` values; the scale has a floor of 5% of
+  the window holds ``max(5, zscore_window // 2)`` values; the scale has a floor of 5% of
   the median so a flat window does not turn noise into spikes;
 - weights above ``weight_bound`` (checked after the update, on monitor steps).
 
