@@ -2,26 +2,27 @@
 
 `Pipeline` only orchestrates; each job has its own module in `dataguard.run`:
 ``splits`` plans the input splits (a JSON-lines file: byte ranges its workers index and
-read themselves), ``segment`` plans fused segments and runs one on one unit, ``workdir``
-owns the resume folder (names, fingerprint, unit results), ``shards`` cuts the final
-shards and ``manifest`` builds manifest.json. Executors (`dataguard.executors`) schedule units.
+read themselves), ``segment`` plans fused segments and runs one on one unit, ``units``
+lists a segment's units and takes those a previous run finished from the work folder,
+``workdir`` owns the resume folder (names, fingerprint, unit results), ``shards`` cuts
+the final shards and ``manifest`` builds manifest.json. Executors (`dataguard.executors`)
+schedule units.
 A killed run resumes from the finished units in ``OUTPUT/_work`` with byte-identical output.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from dataguard.executors.base import Executor, ExecutorError, Progress
+from dataguard.executors.base import Executor, ExecutorError
 from dataguard.io.output import OutputFolder, OutputFolderError
-from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec, RawBatch
+from dataguard.io.readers import DEFAULT_BATCH_ROWS, InputSpec
 from dataguard.io.writer import atomic_write_json, read_table
 from dataguard.rounds.tasks import RoundContext, UnitFitFiles, run_round
 from dataguard.run import manifest as mf
@@ -30,13 +31,12 @@ from dataguard.run.segment import (
     SOURCE,
     Segment,
     SegmentWork,
-    SideTask,
-    UnitTask,
     plan_segments,
     step_key,
 )
 from dataguard.run.shards import ShardTask, write_shards
 from dataguard.run.splits import SPLIT_BYTES, InputPlan
+from dataguard.run.units import run_side_tasks, run_units, unit_tasks
 from dataguard.run.workdir import RUNTIME_KEYS, WorkDir, fingerprint, without_runtime_keys
 from dataguard.stage import Stage, StageConfigError
 
@@ -161,13 +161,13 @@ class Pipeline:
         try:
             # read-only, so before the work folder is prepared: input checksums and ranges
             plan = InputPlan(specs, self.batch_rows, self.split_bytes,
-                             lambda tasks: self._side_tasks(executor, tasks, "reading inputs"))
+                             lambda tasks: run_side_tasks(executor, tasks, "reading inputs", self.progress))
             input_info = plan.input_info
             work.prepare(folder, fingerprint(self.config, input_info, self.batch_rows, [s.name for s in self.steps],
                                              self.split_bytes), fresh)
             metas_by_segment, stage_seconds = self._run_segments(plan, work, executor)
             manifest = self._finish(output, folder, work, input_info, metas_by_segment,
-                                    lambda tasks: self._side_tasks(executor, tasks, "writing shards"))
+                                    lambda tasks: run_side_tasks(executor, tasks, "writing shards", self.progress))
         finally:
             executor.close()
         finished = time.time()
@@ -191,9 +191,9 @@ class Pipeline:
         stage_seconds: dict[str, float] = {}
         metas_by_segment: list[list[dict[str, Any]]] = []
         for segment in segments:
-            tasks = self._tasks(plan, work, segment, metas_by_segment)
-            metas = self._schedule(executor, SegmentWork(steps, segment.ops), tasks,
-                                   f"segment {segment.index + 1}/{len(segments)}")
+            tasks = unit_tasks(plan, work, segment.index, metas_by_segment[-1] if metas_by_segment else [])
+            metas = run_units(executor, SegmentWork(steps, segment.ops), tasks,
+                              f"segment {segment.index + 1}/{len(segments)}", self.progress)
             metas.sort(key=lambda m: m["unit"])
             metas_by_segment.append(metas)
             for op, i in segment.ops:  # the source now: an alias that matched nothing stops the run here
@@ -223,8 +223,8 @@ class Pipeline:
             return
         units = [UnitFitFiles(work.segment(segment), m["unit"], i) for m in metas]
         ctx = RoundContext(folder=work.fit_folder(i), units=units,
-                           run=lambda tasks, desc: run_round(tasks, lambda pending: self._side_tasks(
-                               executor, pending, f"{stage.name}: {desc}")))
+                           run=lambda tasks, desc: run_round(tasks, lambda pending: run_side_tasks(
+                               executor, pending, f"{stage.name}: {desc}", self.progress)))
         stage.fit_rounds(summaries, ctx)
 
     def _executor(self) -> Executor:
@@ -235,53 +235,6 @@ class Pipeline:
         from dataguard.executors.local import LocalExecutor
 
         return LocalExecutor(workers=self.workers)
-
-    def _side_tasks(self, executor: Executor, tasks: Iterable[SideTask], desc: str) -> list[dict[str, Any]]:
-        """Index input ranges or write shards on the executor's workers (results in any order)."""
-        progress = Progress(desc, self.progress)
-        try:
-            return executor.run(pickle.dumps(None), tasks, progress)
-        finally:
-            progress.close()
-
-    def _tasks(self, plan: InputPlan, work: WorkDir, segment: Segment,
-               metas_by_segment: list[list[dict[str, Any]]]) -> Iterator[UnitTask]:
-        """Segment 0 reads the inputs: a JSON-lines unit is a byte range its worker reads,
-        other inputs are read here (lazily, one raw batch per unit). Later segments read the
-        previous segment's units."""
-        if segment.index > 0:
-            for meta in metas_by_segment[-1]:
-                yield UnitTask(unit=meta["unit"], source=meta["source"], out=work.unit(segment.index, meta["unit"]),
-                               previous=work.unit(segment.index - 1, meta["unit"]), marks=meta["marks"])
-            return
-        options = {}
-        for unit, (spec, what) in enumerate(plan.units()):
-            opts = options.setdefault(spec.name, spec.options())
-            if isinstance(what, RawBatch):
-                yield UnitTask(unit=unit, source=opts.name, out=work.unit(0, unit), raw=what, options=opts)
-            else:
-                yield UnitTask(unit=unit, source=opts.name, out=work.unit(0, unit), split=what, options=opts)
-
-    def _schedule(self, executor: Executor, segment_work: SegmentWork, tasks: Iterable[UnitTask],
-                  desc: str) -> list[dict[str, Any]]:
-        """Units a previous run finished are taken from the work folder; the executor runs the rest."""
-        progress = Progress(desc, self.progress)
-        finished: list[dict[str, Any]] = []
-
-        def pending() -> Iterator[UnitTask]:
-            for task in tasks:
-                meta = task.out.load_finished()
-                if meta is None:
-                    yield task
-                else:
-                    finished.append(meta)
-                    progress.tick(meta)
-
-        try:
-            ran = executor.run(pickle.dumps(segment_work), pending(), progress)
-        finally:
-            progress.close()
-        return finished + ran
 
     # ------------------------------------------------------------------ outputs
     def _finish(self, output: Path, folder: OutputFolder, work: WorkDir, input_info: list[dict[str, Any]],

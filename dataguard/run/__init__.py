@@ -5,6 +5,8 @@
   in the driver;
 * ``segment`` - plan fused segments and run one segment's ops on one unit (the only
   module that knows the ops: source, score, summarize, apply);
+* ``units`` - a segment's units, and which of them a previous run already finished (taken
+  from the work folder, not run again);
 * ``workdir`` - the resume folder ``OUTPUT/_work``: every file name in it, the resume
   fingerprint, and the per-unit results (with the fit summaries fitted state is rebuilt from);
 * ``shards`` - cut the last segment's units into the final data/rejected shards;

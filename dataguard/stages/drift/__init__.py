@@ -32,14 +32,16 @@ weighted distribution for every measure and for the correction ratios. Correctio
 reference has. PSI after correction is measured on what ``apply`` emitted.
 
 Modules: `reference` (loading, bins, samples), `params` (validation), `measure` (PSI/KL/MMD,
-label report), `strata` (stratified resampling), `describe` (report), `stage` (DriftStage).
+label report), `correct` (the corrected column, its ratios, the resampling draw), `strata`
+(stratified resampling), `emitted` (what apply emitted, for PSI after correction), `describe`
+(report), `stage` (DriftStage).
 """
 
 from __future__ import annotations
 
-from dataguard.stages.drift.correct import MIN_SUPPORT
+from dataguard.stages.drift.correct import MIN_SUPPORT, REASON_RESAMPLED_OUT
 from dataguard.stages.drift.params import CORRECTIONS
 from dataguard.stages.drift.reference import TEXT_ROLES, load_reference
-from dataguard.stages.drift.stage import REASON_RESAMPLED_OUT, DriftStage
+from dataguard.stages.drift.stage import DriftStage
 
 __all__ = ["CORRECTIONS", "MIN_SUPPORT", "REASON_RESAMPLED_OUT", "TEXT_ROLES", "DriftStage", "load_reference"]

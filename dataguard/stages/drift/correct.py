@@ -1,10 +1,11 @@
-"""Which column the drift stage corrects, its ratios, and each row's expected uses.
+"""Which column the drift stage corrects, its ratios, each row's expected uses, and the draw.
 
 One column is corrected: ``target``, or by default the major column with the highest PSI;
 correction is skipped (with a note) when fewer than ``MIN_SUPPORT`` of the training rows
 fall in bins or categories the reference has. The ratio of a bin (or category) is reference
 share / training share, clipped at ``max_weight``; with label strata (resample) each row's
-ratio is multiplied by its class factor (see `dataguard.stages.drift.strata`).
+ratio is multiplied by its class factor (see `dataguard.stages.drift.strata`). ``resample``
+turns expected uses into whole copies per row (`resample`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.records import empty_rejected, reject_rows, set_column
 from dataguard.stages.drift.measure import counter_pair
 from dataguard.stages.drift.reference import categories
-from dataguard.stages.drift.strata import row_scales, stratum_scales
+from dataguard.stages.drift.strata import keeper_mask, row_scales, stratum_scales
 from dataguard.stats.features import numeric_feature
 from dataguard.stats.psi import bin_index, category_keys, shares
+from dataguard.stats.repeat import REPEAT_COLUMN, REPEAT_TYPE, draw_repeat, multiplicity
 
 if TYPE_CHECKING:
     from dataguard.stages.drift.stage import DriftStage
 
 MIN_SUPPORT = 0.5  # below this share of training rows inside the reference's support, no correction
+REASON_RESAMPLED_OUT = "drift_resampled_out"
 
 
 def choose_correction(st: DriftStage) -> None:
@@ -87,3 +91,23 @@ def expected_uses(st: DriftStage, batch: pa.Table) -> np.ndarray:
         w *= row_scales(batch, st.label_column, st.scales)
     return w
 
+
+def resample(scored: pa.Table, uses: np.ndarray, *, draw: bool, keepers: frozenset[str], seed: int,
+             corrected: str | None, stage: str) -> tuple[pa.Table, pa.Table]:
+    """(kept, rejected): copies per row drawn from ``uses`` (deterministic per id; a class's
+    keeper draws at least one) into ``repeat``, rows drawing none rejected. Without ``draw``
+    (nothing to correct) each row keeps its current multiplicity."""
+    if draw:
+        k = draw_repeat(scored, uses, seed, "drift")
+        k = np.where(keeper_mask(scored, keepers) & (k == 0), 1, k)
+    else:
+        base = multiplicity(scored)
+        k = np.ones(scored.num_rows, dtype=np.int64) if base is None else base.astype(np.int64)
+    scored = set_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
+    out = k == 0
+    rejected = empty_rejected()
+    if out.any():
+        details = [f"drift resampling toward the reference on {corrected!r}: "
+                   f"{x:.4f} expected uses per row, drew 0" for x in uses[out]]
+        rejected = reject_rows(scored, out, stage, REASON_RESAMPLED_OUT, details)
+    return scored.filter(pa.array(~out)), rejected

@@ -11,10 +11,11 @@ import numpy as np
 import pyarrow as pa
 
 from dataguard.embed import DEFAULT_BACKEND
-from dataguard.records import empty_rejected, reject_rows, set_column
+from dataguard.records import empty_rejected, set_column
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stages.drift import describe as _describe
-from dataguard.stages.drift.correct import choose_correction, expected_uses
+from dataguard.stages.drift import emitted
+from dataguard.stages.drift.correct import REASON_RESAMPLED_OUT, choose_correction, expected_uses, resample
 from dataguard.stages.drift.measure import (
     column_result,
     counter_pair,
@@ -31,7 +32,7 @@ from dataguard.stages.drift.reference import (
     reduce_reference,
     text_sample,
 )
-from dataguard.stages.drift.strata import batch_strata, keeper_mask
+from dataguard.stages.drift.strata import batch_strata
 from dataguard.stats.features import has_feature, numeric_feature
 from dataguard.stats.kl import DEFAULT_KL_THRESHOLDS
 from dataguard.stats.mmd import DEFAULT_MMD_THRESHOLDS, DEFAULT_PERMUTATIONS
@@ -43,14 +44,10 @@ from dataguard.stats.psi import (
 from dataguard.stats.repeat import (
     REPEAT_COLUMN,
     REPEAT_TYPE,
-    draw_repeat,
     multiplicity,
     weighted_value_counts,
 )
 from dataguard.tally import Tally
-
-REASON_RESAMPLED_OUT = "drift_resampled_out"
-
 
 _REFERENCE_ATTRS = frozenset({"ref", "reference_rows", "ref_edges", "ref_counts", "ref_range", "ref_cats",
                               "ref_texts"})
@@ -212,22 +209,10 @@ class DriftStage(Stage):
         drift_weight = w if self.correct == "importance_weights" else np.ones(n)
         # a second drift stage (another reference) replaces the column rather than duplicating it
         scored = set_column(batch, "drift_weight", pa.array(drift_weight.astype(np.float32), pa.float32()))
-        rejected = empty_rejected()
-        kept = scored
+        kept, rejected = scored, empty_rejected()
         if self.correct == "resample":
-            if self.ratios or self.cat_ratios:
-                k = draw_repeat(batch, w, self.seed, "drift")
-                k = np.where(keeper_mask(batch, self.keepers) & (k == 0), 1, k)
-            else:  # nothing to correct: keep the current multiplicity
-                base = multiplicity(batch)
-                k = np.ones(n, dtype=np.int64) if base is None else base.astype(np.int64)
-            scored = set_column(scored, REPEAT_COLUMN, pa.array(k, REPEAT_TYPE))
-            out = k == 0
-            if out.any():
-                details = [f"drift resampling toward the reference on {self.corrected!r}: "
-                           f"{x:.4f} expected uses per row, drew 0" for x in w[out]]
-                rejected = reject_rows(scored, out, self.name, REASON_RESAMPLED_OUT, details)
-            kept = scored.filter(pa.array(~out))
+            kept, rejected = resample(scored, w, draw=bool(self.ratios or self.cat_ratios), keepers=self.keepers,
+                                      seed=self.seed, corrected=self.corrected, stage=self.name)
         # what the training run will see, for PSI after correction
         weights = kept.column("drift_weight").to_numpy().astype(np.float64) if kept.num_rows else np.empty(0)
         rw = self._row_weights(kept)
@@ -236,21 +221,15 @@ class DriftStage(Stage):
         reps = multiplicity(kept)
         stats = Tally(counts=Counter(resampled_out=int(rejected.num_rows), repeated=int((reps > 1).sum())
                                      if reps is not None and self.correct == "resample" else 0))
-        for c in self.columns:
-            stats.hist(f"numeric:{c}", bin_counts(numeric_feature(kept, c), self.ref_edges[c], weights))
-        for c in self.categorical:
-            stats.count(f"categorical:{c}", weighted_value_counts(categories(kept, c), weights))
-        if label:
-            stats.count("labels", weighted_value_counts(categories(kept, label), weights))
+        emitted.record(stats, kept, weights, columns=self.columns, categorical=self.categorical, label=label,
+                       edges=self.ref_edges)
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
     def absorb(self, stats: Sequence[Any]) -> None:
         super().absorb(stats)
-        t = self.tally  # from now on `_after` describes what apply emitted
-        self._after = {"numeric": {c: np.zeros_like(self.ref_counts[c]) + t.hists.get(f"numeric:{c}", 0)
-                                   for c in self.columns},
-                       "categorical": {c: t.counters.get(f"categorical:{c}", Counter()) for c in self.categorical},
-                       "labels": t.counters.get("labels")}
+        # from now on `_after` describes what apply emitted
+        self._after = emitted.after(self.tally, columns=self.columns, categorical=self.categorical,
+                                    ref_counts=self.ref_counts)
 
     # -- results ----------------------------------------------------------------------------
     def psi_after(self) -> dict[str, float]:

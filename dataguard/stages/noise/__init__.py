@@ -4,5 +4,6 @@
 ``views`` which models make the probabilities (single view or the short-text ensemble),
 ``confident`` confident learning via cleanlab + the simple rules + the flag budget,
 ``rounds`` iterative re-estimation, ``probs`` logits / probability checks, ``params``
-parameter validation, ``report`` describe() and the fit report (seeded synthetic noise for tests and benchmarks: ``dataguard.testing.noise``).
+parameter validation, ``verdicts`` the fitted verdicts and apply's lookup by row id,
+``report`` describe() and the fit report (seeded synthetic noise for tests and benchmarks: ``dataguard.testing.noise``).
 """

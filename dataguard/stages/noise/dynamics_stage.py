@@ -23,6 +23,7 @@ from dataguard.stage import Outcome
 from dataguard.stages.noise import dynamics as D
 from dataguard.stages.noise import report
 from dataguard.stages.noise.given import class_list
+from dataguard.stages.noise.verdicts import Verdicts
 from dataguard.tally import Tally
 
 HARD_TO_FIT = "hard_to_fit"
@@ -35,8 +36,8 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     if len(set(ids)) != len(ids):
         raise ValueError("noise stage: row ids are not unique; cannot look rows up in apply")
     rows, _ = D.load(str(stage.dynamics))
-    stage._ids = pa.array(ids, pa.string())
     if stage.dyn_task == "sft":
+        stage._ids = pa.array(ids, pa.string())
         loss, flag, stage.dynamics_log = D.sft_flags(rows, ids, cut=stage.dynamics_cut, max_flagged=stage.max_flagged)
         stage._loss = pa.array(loss.astype(np.float32), pa.float32(), mask=~np.isfinite(loss))
         stage._issue = pa.array(flag, pa.bool_())
@@ -56,13 +57,13 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
                             "issues_before": stage.dynamics_log["issues_before_budget"]}
     relabel = est.is_issue & (est.suggested != y) & (est.suggested_prob >= stage.relabel_min_confidence)
     stage._classes = classes
-    stage._given = pa.array(labels, pa.string())
-    stage._quality = pa.array(est.quality, pa.float32(), mask=~np.isfinite(est.quality))
-    stage._suggested = pa.array(np.asarray(classes, dtype=object)[est.suggested] if len(y) else [], pa.string(),
-                                mask=~seen)  # a row the run never drew is not judged: nulls
-    stage._suggested_prob = est.suggested_prob
-    stage._issue = pa.array(est.is_issue, pa.bool_(), mask=~seen)
-    stage._relabel = pa.array(relabel, pa.bool_())
+    stage._verdicts = Verdicts(
+        ids=pa.array(ids, pa.string()), given=pa.array(labels, pa.string()),
+        quality=pa.array(est.quality, pa.float32(), mask=~np.isfinite(est.quality)),
+        suggested=pa.array(np.asarray(classes, dtype=object)[est.suggested] if len(y) else [], pa.string(),
+                           mask=~seen),  # a row the run never drew is not judged: nulls
+        suggested_prob=est.suggested_prob, issue=pa.array(est.is_issue, pa.bool_(), mask=~seen),
+        relabel=pa.array(relabel, pa.bool_()))
     stage._probs = None
     stage.report = report.fit_report(y, est, relabel, len(classes), stage.action)
     stage.fitted = True

@@ -8,11 +8,9 @@ the features ``auto`` chose and why).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from dataguard.stages.noise.confident import NoiseEstimate
 
@@ -134,23 +132,3 @@ def describe(stage: Any) -> dict[str, Any]:
                                  for e in stage.tally.items("examples")]})
     return {"title": title, "summary": summary(stage, r, k), "blocks": blocks}
 
-
-def worst_examples(stage: Any, batch: pa.Table, issue: np.ndarray, pos: pa.Array,
-                   texts_of: Callable[[pa.Table], list[str]], limit: int, chars: int) -> list[dict[str, Any]]:
-    """A batch's worst flagged rows (lowest label quality first, then position), with text."""
-    picked = np.flatnonzero(issue)
-    if picked.size == 0:
-        return []
-    idx = pos.to_numpy(zero_copy_only=False)[picked].astype(np.int64)
-    q = stage._quality.to_numpy(zero_copy_only=False)[idx]
-    order = np.lexsort((idx, q))[:limit]
-    rows = picked[order]
-    texts = texts_of(batch.take(pa.array(rows, pa.int64())))
-    out = []
-    for r, i, t in zip(rows, idx[order], texts, strict=True):
-        quality = stage._quality[int(i)].as_py()
-        out.append({"id": batch.column("id")[int(r)].as_py(), "label": stage._given[int(i)].as_py(),
-                    "text": t[:chars] + ("…" if len(t) > chars else ""), "quality": float(quality),
-                    "note": f"suggested {stage._suggested[int(i)].as_py()!r} "
-                            f"(p={stage._suggested_prob[int(i)]:.3f}); label quality {quality:.4f}"})
-    return out

@@ -63,12 +63,12 @@ labelled rows, keeping the worst by label quality (ties by row order). ``auto`` 
 in ``fit`` on all labelled texts (`dataguard.text.features.choose_features`); ``summarize``
 already embeds a batch whose own median is short, and ``fit`` embeds any batch that did
 not when the whole set turns out short. Parameters are validated in
-`dataguard.stages.noise.params`; describe() and the fit report live in `dataguard.stages.noise.report`.
+`dataguard.stages.noise.params`; describe() and the fit report live in `dataguard.stages.noise.report`,
+the fitted verdicts and apply's per-row lookup in `dataguard.stages.noise.verdicts`.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,20 +78,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
-from dataguard.records import full_texts, prompt_texts, reject_rows, response_texts, set_column
+from dataguard.records import full_texts, prompt_texts, response_texts
 from dataguard.stage import Outcome, Stage
 from dataguard.stages.noise import dynamics_stage, report
 from dataguard.stages.noise import params as P
 from dataguard.stages.noise.confident import NoiseEstimate, estimate
 from dataguard.stages.noise.given import class_list, gather_probs
 from dataguard.stages.noise.rounds import estimate_issues
-from dataguard.tally import Tally
+from dataguard.stages.noise.verdicts import REASON, Verdicts, judge
 from dataguard.text.features import AUTO_MAX_WORDS, word_count
 
 TEXTS = {"prompt": prompt_texts, "response": response_texts, "full": full_texts}
-REASON = "label_issue"
-MAX_EXAMPLES = 20
-EXAMPLE_CHARS = 400
 
 
 @dataclass
@@ -261,13 +258,12 @@ class NoiseStage(Stage):
         probs, est = estimate_issues(self, summaries, y, k, probs)
         relabel = est.is_issue & (est.suggested != y) & (est.suggested_prob >= self.relabel_min_confidence)
         self._classes = classes
-        self._ids = pa.array(ids, pa.string())
-        self._given = pa.array(labels, pa.string())
-        self._quality = pa.array(est.quality, pa.float32())
-        self._suggested = pa.array(np.asarray(classes, dtype=object)[est.suggested] if len(y) else [], pa.string())
-        self._suggested_prob = est.suggested_prob
-        self._issue = pa.array(est.is_issue, pa.bool_())
-        self._relabel = pa.array(relabel, pa.bool_())
+        self._verdicts = Verdicts(
+            ids=pa.array(ids, pa.string()), given=pa.array(labels, pa.string()),
+            quality=pa.array(est.quality, pa.float32()),
+            suggested=pa.array(np.asarray(classes, dtype=object)[est.suggested] if len(y) else [], pa.string()),
+            suggested_prob=est.suggested_prob, issue=pa.array(est.is_issue, pa.bool_()),
+            relabel=pa.array(relabel, pa.bool_()))
         self._probs = probs  # kept for users and tests (benchmarks read it); not in describe
         self.report = report.fit_report(y, est, relabel, k, self.action)
         self.fitted = True
@@ -292,41 +288,11 @@ class NoiseStage(Stage):
             raise RuntimeError("noise stage: apply() before fit()")
         if self.dyn_task == "sft":
             return dynamics_stage.apply_sft(self, batch)
-        n = batch.num_rows
-        labels = self._labels(batch)
-        pos = pc.index_in(batch.column("id"), value_set=self._ids) if n else pa.array([], pa.int32())
-        pos = pc.if_else(pc.is_valid(labels), pos, pa.scalar(None, pa.int32()))
-        quality = self._quality.take(pos)
-        suggested = self._suggested.take(pos)
-        issue = self._issue.take(pos)
-        out = set_column(batch, "label_quality", quality)
-        out = set_column(out, "suggested_label", suggested)
-        out = set_column(out, "is_label_issue", issue)
-        issue_np = pc.fill_null(issue, False).to_numpy(zero_copy_only=False).astype(bool)
-        stats = Tally(counts=Counter(rows_in=n, labelled=int(pc.sum(pc.is_valid(pos)).as_py() or 0),
-                                     issues=int(issue_np.sum())))
-        if self.action == "relabel":
-            change = pc.fill_null(self._relabel.take(pos), False)
-            out = set_column(out, self.label_column, pc.if_else(change, suggested, labels))
-            out = set_column(out, "original_label", pc.if_else(change, labels, pa.scalar(None, pa.string())))
-            stats.add("relabelled", int(pc.sum(change).as_py() or 0))
-        examples = report.worst_examples(self, batch, issue_np, pos, TEXTS[self.text], MAX_EXAMPLES, EXAMPLE_CHARS)
-        stats.keep("examples", examples, MAX_EXAMPLES, rank=("quality", "id"))
-        if self.action == "drop" and issue_np.any():
-            picked = np.flatnonzero(issue_np)
-            q = quality.to_numpy(zero_copy_only=False)[picked]
-            sug = [suggested[int(i)].as_py() for i in picked]
-            prob = self._suggested_prob[pos.to_numpy(zero_copy_only=False)[picked].astype(np.int64)]
-            given = [labels[int(i)].as_py() for i in picked]
-            rule = (dynamics_stage.rule_text(self) if self.inputs == "dynamics"
-                    else report.rule_text(self.method, self.filter_by, self.threshold))
-            rank = self.dynamics_score if self.inputs == "dynamics" else self.rank_by
-            details = [f"given label {g!r} has label quality {qq:.4f} ({rank}); model suggests {s!r} "
-                       f"(p={p:.3f}); flagged by {rule}" for g, qq, s, p in zip(given, q, sug, prob, strict=True)]
-            rejected = reject_rows(out, issue_np, self.name, REASON, details)
-            stats.add("dropped", len(picked))
-            return Outcome(kept=out.filter(pa.array(~issue_np)), rejected=rejected, stats=stats)
-        return Outcome(kept=out, stats=stats)
+        rule = (dynamics_stage.rule_text(self) if self.inputs == "dynamics"
+                else report.rule_text(self.method, self.filter_by, self.threshold))
+        rank = self.dynamics_score if self.inputs == "dynamics" else self.rank_by
+        return judge(self._verdicts, batch, self._labels(batch), action=self.action, label_column=self.label_column,
+                     stage=self.name, texts_of=TEXTS[self.text], rule=rule, rank=rank)
 
     # -- describe ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
