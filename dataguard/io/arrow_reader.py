@@ -9,15 +9,13 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from dataguard.io.bounded import InputError, Row, oversize, preview
+from dataguard.io.input_spec import InputSpec
 from dataguard.io.jsonscan import MAX_DEPTH
-
-if TYPE_CHECKING:
-    from dataguard.io.readers import InputSpec
 
 # Arrow rows are converted to Python in batches of about this many bytes.
 ARROW_BATCH_BYTES = 64 << 20

@@ -15,16 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dataguard.io.arrow_reader import _arrow_rows, _load_dataset, dataset_plan, open_dataset
 from dataguard.io.bounded import InputError
+from dataguard.io.input_spec import InputSpec
 from dataguard.io.jsonscan import MAX_DEPTH
 from dataguard.io.parquet_split import row_ranges
 from dataguard.io.raw import RawBatch
-
-if TYPE_CHECKING:
-    from dataguard.io.readers import InputSpec
 
 
 @dataclass(frozen=True)
