@@ -3,8 +3,9 @@
 `shards` (`RunShards.open(folder)` reads ``manifest.json`` and the data shards it lists, sha256
 checked; the row weights) with `manifest_schema` / `typed_json` (the manifest's typed schema),
 `labels` (`LabelMap`, the longtail stage's per-class state), `split` (the validation split),
-`encode` (rows -> token ids and labels; `Encoded.collate` pads a micro-batch: right padding,
-attention mask 0 on padding, labels -100 on padding and on every non-assistant token for SFT),
+`encode` (rows -> token ids and labels), `encoded` (`Encoded`; its `collate` pads a micro-batch:
+right padding, attention mask 0 on padding, labels -100 on padding and on every non-assistant
+token for SFT),
 `token_cache` (the encoding as memory-mapped Arrow beside the run) and `sampler` (the seeded,
 resumable curriculum sampler). How a task turns rows into examples is its own
 (`dataguard.train.tasks`); the names most callers need are gathered here.
@@ -53,7 +54,7 @@ from typing import Any
 # Names the runner and the tests import from here, and the module of this package each lives
 # in. Imported lazily: `dataguard.train.config` reads `manifest_schema` without torch.
 _EXPORTS = {
-    "IGNORE_INDEX": "encode", "Encoded": "encode", "assistant_char_spans": "encode", "classify_text": "encode",
+    "IGNORE_INDEX": "encode", "Encoded": "encoded", "assistant_char_spans": "encode", "classify_text": "encode",
     "encode_classify": "encode", "encode_sft": "encode", "pack": "encode",
     "LabelMap": "labels", "class_vector": "labels", "curriculum_schedule": "labels", "curriculum_unit": "labels",
     "REPEAT_COLUMN": "shards", "WEIGHT_COLUMNS": "shards", "RunShards": "shards", "length_cap": "shards",

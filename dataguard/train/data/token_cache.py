@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataguard.io.safe_files import LinkRefused, atomic_writer, open_nofollow, write_atomic
-from dataguard.train.data.encode import IGNORE_INDEX, Encoded
+from dataguard.train.data.encode import IGNORE_INDEX
+from dataguard.train.data.encoded import Encoded
 from dataguard.train.tasks import get_task
 
 ENCODER_VERSION = 1

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import torch
 
-from dataguard.train.data.encode import Encoded
+from dataguard.train.data.encoded import Encoded
 from dataguard.train.optim.forward import ForwardOut
 
 

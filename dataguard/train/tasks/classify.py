@@ -12,7 +12,8 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from dataguard.train.data.encode import Encoded, encode_classify
+from dataguard.train.data.encode import encode_classify
+from dataguard.train.data.encoded import Encoded
 from dataguard.train.errors import TrainDataError
 from dataguard.train.optim.forward import ForwardOut
 from dataguard.train.optim.losses import (

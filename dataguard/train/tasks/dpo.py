@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from dataguard.records import rejected_of
-from dataguard.train.data.encode import Encoded, encode_sft
+from dataguard.train.data.encode import encode_sft
+from dataguard.train.data.encoded import Encoded
 from dataguard.train.errors import TrainDataError, TrainError
 from dataguard.train.optim.forward import ForwardOut
 from dataguard.train.optim.losses import IGNORE_INDEX, causal_lm_loss_per_row, normalised_share

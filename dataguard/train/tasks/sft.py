@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from dataguard.train.data.encode import Encoded, encode_sft
+from dataguard.train.data.encode import encode_sft
+from dataguard.train.data.encoded import Encoded
 from dataguard.train.data.shards import length_cap, tokenizer_mismatch
 from dataguard.train.optim.forward import ForwardOut, lean_parts, lm_loss_lean, sft_out
 from dataguard.train.optim.losses import (
