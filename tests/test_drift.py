@@ -44,17 +44,17 @@ def test_banking77_train_vs_test_is_stable_and_text_is_indistinguishable(banking
                     text_sample=250)
     _run(st, banking77_splits["train"])
     for col in ("prompt_chars", "prompt_words", "label"):
-        assert st.results[col]["verdict"] == "stable", (col, st.results[col])
-    assert st.results["label"]["psi"] == pytest.approx(0.0748, abs=1e-3)
-    assert st.text_auc is not None and st.text_auc < 0.6 and st.text_verdict() == "stable"
+        assert st.fitted.results[col]["verdict"] == "stable", (col, st.fitted.results[col])
+    assert st.fitted.results["label"]["psi"] == pytest.approx(0.0748, abs=1e-3)
+    assert st.fitted.samples.text_auc is not None and st.fitted.samples.text_auc < 0.6 and st.text_verdict() == "stable"
     # a different domain (CLINC150 vs banking77): the text classifier separates them easily (the
     # reference sample is a prefix of the one above - same seed, smaller k - so it is not re-embedded)
     other = DriftStage(reference=banking77_splits["test"], columns=[], categorical=[], text=True, text_sample=100)
     _run(other, clinc)
-    assert other.text_auc > 0.9 and other.text_verdict() == "major"
+    assert other.fitted.samples.text_auc > 0.9 and other.text_verdict() == "major"
     # the MMD test on the same embeddings agrees with the classifier on both pairs
-    assert st.mmd["text"]["verdict"] == "stable" and other.mmd["text"]["verdict"] == "major"
-    assert other.mmd["text"]["mmd2"] > 10 * st.mmd["text"]["mmd2"]
+    assert st.fitted.samples.mmd["text"]["verdict"] == "stable" and other.fitted.samples.mmd["text"]["verdict"] == "major"
+    assert other.fitted.samples.mmd["text"]["mmd2"] > 10 * st.fitted.samples.mmd["text"]["mmd2"]
     d = st.describe()
     json.dumps(d)
     assert d["summary"]["columns_major"] == 0 and d["summary"]["text_verdict"] == "stable"
@@ -64,15 +64,15 @@ def test_short_vs_long_is_major_and_label_set_shift_is_major(banking77_splits, c
     short, long_ = _split_by_length(banking77_splits["test"])
     st = DriftStage(reference=long_, columns=["prompt_chars", "prompt_words"], text=False)
     _run(st, short)
-    assert st.results["prompt_chars"]["verdict"] == "major" and st.results["prompt_chars"]["psi"] > 2
-    assert st.results["prompt_words"]["verdict"] == "major"
+    assert st.fitted.results["prompt_chars"]["verdict"] == "major" and st.fitted.results["prompt_chars"]["psi"] > 2
+    assert st.fitted.results["prompt_words"]["verdict"] == "major"
     # disjoint label sets: every category is epsilon on one side
     st2 = DriftStage(reference=banking77_splits["test"], columns=[], categorical=["label"], text=False, correct="resample")
     kept, rejected = _run(st2, clinc)
-    assert st2.results["label"]["verdict"] == "major"
+    assert st2.fitted.results["label"]["verdict"] == "major"
     # no training row has a reference label: correction is refused instead of dropping everything
     assert rejected.num_rows == 0 and kept.num_rows == clinc.num_rows
-    assert "skipped" in st2.correction_note and st2.describe()["summary"]["corrected_column"] is None
+    assert "skipped" in st2.fitted.correction.note and st2.describe()["summary"]["corrected_column"] is None
 
 
 def _skewed(train: pa.Table) -> pa.Table:
@@ -87,9 +87,9 @@ def test_resampling_lowers_the_targeted_psi_and_loses_nothing(banking77_splits) 
     train = _skewed(banking77_splits["train"])
     st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, correct="resample", seed=3)
     kept, rejected = _run(st, train)
-    before = st.results["prompt_chars"]["psi"]
+    before = st.fitted.results["prompt_chars"]["psi"]
     after = st.psi_after()["prompt_chars"]
-    assert st.results["prompt_chars"]["verdict"] == "major"
+    assert st.fitted.results["prompt_chars"]["verdict"] == "major"
     assert after < 0.1 < 0.25 <= before
     # nothing lost, nothing duplicated: kept + rejected = input; kept rows carry repeat >= 1
     ids = kept.column("id").to_pylist()
@@ -101,7 +101,7 @@ def test_resampling_lowers_the_targeted_psi_and_loses_nothing(banking77_splits) 
     # PSI after is the PSI of what was emitted (rows counted `repeat` times), recomputed independently
     check = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], categorical=[], text=False)
     _run(check, kept)
-    assert check.results["prompt_chars"]["psi"] == pytest.approx(after, rel=1e-9)
+    assert check.fitted.results["prompt_chars"]["psi"] == pytest.approx(after, rel=1e-9)
     # deterministic, independent of batching
     kept2, _ = _run(DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False,
                                correct="resample", seed=3), train, batch=100_000)
@@ -121,15 +121,15 @@ def test_importance_weights_bring_weighted_psi_to_about_zero(banking77_splits) -
     assert rejected.num_rows == 0 and kept.num_rows == train.num_rows
     w = kept.column("drift_weight").to_numpy()
     assert w.min() < 1 < w.max()
-    assert st.results["prompt_chars"]["psi"] >= 0.25
+    assert st.fitted.results["prompt_chars"]["psi"] >= 0.25
     assert st.psi_after()["prompt_chars"] < 1e-3
     # one column is corrected (the worst); the correlated one moves toward the reference too
     assert st.describe()["summary"]["corrected_column"] == "prompt_chars"
-    assert st.psi_after()["prompt_words"] < st.results["prompt_words"]["psi"]
+    assert st.psi_after()["prompt_words"] < st.fitted.results["prompt_words"]["psi"]
     words = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars", "prompt_words"], text=False,
                        correct="importance_weights", target="prompt_words", max_weight=50)
     _run(words, train)
-    assert words.corrected == "prompt_words" and words.psi_after()["prompt_words"] < 1e-3
+    assert words.fitted.correction.column == "prompt_words" and words.psi_after()["prompt_words"] < 1e-3
 
 
 def test_no_correction_when_stable_and_empty_batch_schema(banking77_splits) -> None:
@@ -147,7 +147,7 @@ def test_reference_from_csv_path_and_config_errors(real_data, tmp_path) -> None:
     path = tmp_path / "ref.jsonl"
     path.write_text("\n".join(json.dumps({"text": f"hello {i}", "label": "x"}) for i in range(20)) + "\n")
     st = DriftStage(reference=str(path), text=False)
-    assert st.reference_rows == 20
+    assert st.ref.rows == 20
     with pytest.raises(StageConfigError, match="reference"):
         DriftStage(reference=str(tmp_path / "missing.jsonl"))
     with pytest.raises(StageConfigError, match="columns"):  # found when the reference is read
@@ -170,8 +170,8 @@ def test_weight_column_measures_the_weighted_training_distribution(banking77_spl
     st = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, weight_column="sample_weight")
     _run(st, weighted)
     # inverse-frequency weights give every class the same mass, like the balanced test split
-    assert plain.results["label"]["psi"] > 0.05
-    assert st.results["label"]["psi"] < 1e-6
+    assert plain.fitted.results["label"]["psi"] > 0.05
+    assert st.fitted.results["label"]["psi"] < 1e-6
     assert st.describe()["summary"]["weight_column"] == "sample_weight"
     with pytest.raises(StageConfigError, match="sample_weight"):
         st.summarize(banking77_splits["train"])

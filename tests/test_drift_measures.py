@@ -83,7 +83,7 @@ def test_mmd_off_and_thresholds_are_configurable(banking77_splits) -> None:
     strict = DriftStage(reference=banking77_splits["test"], columns=["prompt_chars"], text=False, kl_thresholds=(0.001, 0.002),
                         mmd_thresholds=(0.5, 0.9), mmd_permutations=50)
     _run(strict, banking77_splits["train"])
-    assert strict.results["prompt_chars"]["kl_verdict"] == "major"
+    assert strict.fitted.results["prompt_chars"]["kl_verdict"] == "major"
     assert strict.describe()["mmd"]["features"]["permutations"] == 50
 
 

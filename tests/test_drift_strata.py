@@ -65,7 +65,7 @@ def test_stratified_resample_keeps_labels_and_every_class(banking77_splits, seed
     assert psi_categorical(before, after) < 0.03
     assert set(after) == set(before)  # no class lost
     # the targeted column still moves from major to stable
-    assert st.results["prompt_chars"]["verdict"] == "major" and st.psi_after()["prompt_chars"] < 0.1
+    assert st.fitted.results["prompt_chars"]["verdict"] == "major" and st.psi_after()["prompt_chars"] < 0.1
     report = st.describe()["summary"]["label_psi"]
     assert report["classes_before"] == report["classes_after"] == len(before) and report["classes_lost"] == []
     assert report["psi_after_vs_before"] == pytest.approx(psi_categorical(before, after), abs=1e-6)
@@ -103,8 +103,8 @@ def test_stratified_on_full_train_and_label_target_is_not_stratified(banking77_s
     # correcting the label column itself is a label shift on purpose: no rescale by class
     st = DriftStage(reference=banking77_splits["test"], columns=[], categorical=["label"], text=False, correct="resample")
     _run(st, short)
-    assert st.corrected == "label" and not st.scales
-    assert st.psi_after()["label"] < st.results["label"]["psi"]
+    assert st.fitted.correction.column == "label" and not st.fitted.correction.scales
+    assert st.psi_after()["label"] < st.fitted.results["label"]["psi"]
     assert st.describe()["summary"]["label_psi"]["classes_lost"] == []  # keepers still apply
 
 

@@ -31,10 +31,11 @@ weighted distribution for every measure and for the correction ratios. Correctio
 (with a note) when fewer than half of the training rows fall in bins or categories that the
 reference has. PSI after correction is measured on what ``apply`` emitted.
 
-Modules: `reference` (loading, bins, samples), `params` (validation), `measure` (PSI/KL/MMD,
-label report), `correct` (the corrected column, its ratios, the resampling draw), `strata`
-(stratified resampling), `emitted` (what apply emitted, for PSI after correction), `describe`
-(report), `stage` (DriftStage).
+Modules: `reference` (loading, bins, samples), `params` (validation, `DriftSettings`), `state`
+(what fit decides), `measure` (PSI/KL/MMD, label report), `correct` (the corrected column, its
+ratios, the resampling draw), `strata` (stratified resampling), `emitted` (what apply emitted,
+for PSI after correction), `describe` (report), `stage` (DriftStage, which holds the settings
+and the fitted state and passes them to the helpers; no helper imports it).
 """
 
 from __future__ import annotations

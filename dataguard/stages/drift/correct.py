@@ -10,7 +10,8 @@ turns expected uses into whole copies per row (`resample`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,77 +19,75 @@ import pyarrow.compute as pc
 
 from dataguard.records import empty_rejected, reject_rows, set_column
 from dataguard.stages.drift.measure import counter_pair
-from dataguard.stages.drift.reference import categories
+from dataguard.stages.drift.params import DriftSettings
+from dataguard.stages.drift.reference import ReferenceState, categories
+from dataguard.stages.drift.state import Correction, TrainingSide
 from dataguard.stages.drift.strata import keeper_mask, row_scales, stratum_scales
 from dataguard.stats.features import numeric_feature
 from dataguard.stats.psi import bin_index, category_keys, shares
 from dataguard.stats.repeat import REPEAT_COLUMN, REPEAT_TYPE, draw_repeat, multiplicity
 
-if TYPE_CHECKING:
-    from dataguard.stages.drift.stage import DriftStage
-
 MIN_SUPPORT = 0.5  # below this share of training rows inside the reference's support, no correction
 REASON_RESAMPLED_OUT = "drift_resampled_out"
 
 
-def choose_correction(st: DriftStage) -> None:
+def choose_correction(results: dict[str, dict[str, Any]], train: TrainingSide, s: DriftSettings,
+                      ref: ReferenceState) -> Correction:
     """The corrected column, its ratios, and (resample with labels) the strata factors."""
-    major = sorted((c for c, r in st.results.items() if r["verdict"] == "major"),
-                   key=lambda c: -st.results[c]["psi"])
-    st.corrected = (st.target if st.target in major else None) if st.target else \
-        (major[0] if major else None)
-    c = st.corrected
-    st.correction_note = None
-    st.ratios = {}
-    st.cat_ratios = {}
-    st.scales = {}
-    st.keepers = frozenset()
-    if st.correct and c is not None:
-        inside = support(st, c)
+    major = sorted((c for c, r in results.items() if r["verdict"] == "major"), key=lambda c: -results[c]["psi"])
+    chosen = (s.target if s.target in major else None) if s.target else (major[0] if major else None)
+    c, note = chosen, None
+    ratios: dict[str, np.ndarray] = {}
+    cat_ratios: dict[str, dict[Any, float]] = {}
+    scales: dict[Any, float] = {}
+    keepers: frozenset[str] = frozenset()
+    if s.correct and c is not None:
+        inside = support(c, train, ref)
         if inside < MIN_SUPPORT:
-            st.correction_note = (f"correction of {c!r} skipped: only {inside:.1%} of the training rows fall "
-                                  f"in bins/categories the reference has (< {MIN_SUPPORT:.0%}); reweighting "
-                                  f"cannot create what the training data lacks")
+            note = (f"correction of {c!r} skipped: only {inside:.1%} of the training rows fall "
+                    f"in bins/categories the reference has (< {MIN_SUPPORT:.0%}); reweighting "
+                    f"cannot create what the training data lacks")
             c = None
-    if st.correct and c in st.columns:
-        st.ratios[c] = shares(st.ref_counts[c], st.epsilon) / shares(st.train_counts[c], st.epsilon)
-    elif st.correct and c in st.categorical:
-        keys = category_keys(st.ref_cats[c], st.train_cats[c])
-        ref, act = counter_pair(st.ref_cats[c], st.train_cats[c])
-        st.cat_ratios[c] = dict(zip(keys, (shares(ref, st.epsilon) / shares(act, st.epsilon)).tolist(),
-                                    strict=True))
-    strata = st._strata
+    if s.correct and c in s.columns:
+        ratios[c] = shares(ref.counts[c], s.epsilon) / shares(train.counts[c], s.epsilon)
+    elif s.correct and c in s.categorical:
+        keys = category_keys(ref.cats[c], train.cats[c])
+        ref_c, act = counter_pair(ref.cats[c], train.cats[c])
+        cat_ratios[c] = dict(zip(keys, (shares(ref_c, s.epsilon) / shares(act, s.epsilon)).tolist(), strict=True))
+    strata = train.strata
     if strata is not None and c is not None:
-        st.keepers = frozenset(i for _, i in strata["keepers"].values())
-        per_class = strata["num"].get(c) if c in st.columns else strata["cat"].get(c)
+        keepers = frozenset(i for _, i in strata["keepers"].values())
+        per_class = strata["num"].get(c) if c in s.columns else strata["cat"].get(c)
         if per_class is not None and len(per_class) >= 2:  # c is not the label column itself
-            st.scales = stratum_scales(strata, c, st.ratios.get(c), st.cat_ratios.get(c), st.max_weight)
+            scales = stratum_scales(strata, c, ratios.get(c), cat_ratios.get(c), s.max_weight)
+    return Correction(column=chosen, note=note, ratios=ratios, cat_ratios=cat_ratios, scales=scales,
+                      keepers=keepers)
 
 
-def support(st: DriftStage, c: str) -> float:
+def support(c: str, train: TrainingSide, ref: ReferenceState) -> float:
     """Share of training rows in bins/categories that also hold reference rows."""
-    if c in st.columns:
-        train, ref = st.train_counts[c], st.ref_counts[c]
-        total = train.sum()
-        return float(train[ref > 0].sum() / total) if total else 0.0
-    total = sum(st.train_cats[c].values())
-    inside = sum(v for k, v in st.train_cats[c].items() if st.ref_cats[c].get(k, 0) > 0)
+    if c in train.counts:
+        counts, ref_counts = train.counts[c], ref.counts[c]
+        total = counts.sum()
+        return float(counts[ref_counts > 0].sum() / total) if total else 0.0
+    total = sum(train.cats[c].values())
+    inside = sum(v for k, v in train.cats[c].items() if ref.cats[c].get(k, 0) > 0)
     return float(inside / total) if total else 0.0
 
 
-def expected_uses(st: DriftStage, batch: pa.Table) -> np.ndarray:
+def expected_uses(batch: pa.Table, cor: Correction, s: DriftSettings, edges: Mapping[str, np.ndarray]) -> np.ndarray:
     """Expected uses per row: the clipped ratio of its bin, times its class factor."""
     w = np.ones(batch.num_rows, dtype=np.float64)
-    for c, ratio in st.ratios.items():
-        w *= ratio[bin_index(numeric_feature(batch, c), st.ref_edges[c])]
-    for c, mapping in st.cat_ratios.items():
+    for c, ratio in cor.ratios.items():
+        w *= ratio[bin_index(numeric_feature(batch, c), edges[c])]
+    for c, mapping in cor.cat_ratios.items():
         keys = list(mapping)
         ratio = np.array([mapping[k] for k in keys] + [1.0], dtype=np.float64)
         pos = pc.index_in(categories(batch, c), value_set=pa.array(keys, pa.string()), skip_nulls=False)
         w *= ratio[np.asarray(pos.fill_null(len(keys)).to_numpy(zero_copy_only=False), dtype=np.int64)]
-    w = np.minimum(w, st.max_weight)
-    if st.scales and st.label_column in batch.column_names:
-        w *= row_scales(batch, st.label_column, st.scales)
+    w = np.minimum(w, s.max_weight)
+    if cor.scales and s.label_column in batch.column_names:
+        w *= row_scales(batch, s.label_column, cor.scales)
     return w
 
 

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from dataguard.stages.drift.reference import bottom_k
+from dataguard.stages.drift.params import DriftSettings
+from dataguard.stages.drift.reference import ReferenceState, bottom_k
+from dataguard.stages.drift.state import SampleMeasures, TrainingSide
 from dataguard.stages.drift.strata import merge_strata
 from dataguard.stats.kl import kl_from_counts
 from dataguard.stats.mmd import mmd_test, mmd_verdict, standardize
 from dataguard.stats.psi import category_keys, psi_from_counts, verdict
-
-if TYPE_CHECKING:
-    from dataguard.stages.drift.stage import DriftStage
 
 
 def rounded(x: float | None, digits: int = 6) -> float | None:
@@ -82,48 +81,57 @@ def label_report(column: str, before: Counter, after: Counter | None, ref: Count
     return out
 
 
-def merge_summaries(st: DriftStage, summaries: Sequence[dict[str, Any]]) -> None:
+def merge_summaries(summaries: Sequence[dict[str, Any]], s: DriftSettings, ref: ReferenceState) -> TrainingSide:
     """The training side's counts, ranges, samples, labels and strata, from all batches."""
-    st.rows = sum(s["rows"] for s in summaries)
-    st.train_counts = {c: np.zeros_like(st.ref_counts[c]) for c in st.columns}
-    st.train_range = {c: None for c in st.columns}
-    st.train_cats = {c: Counter() for c in st.categorical}
+    counts = {c: np.zeros_like(ref.counts[c]) for c in s.columns}
+    ranges: dict[str, tuple[float, float] | None] = {c: None for c in s.columns}
+    cats: dict[str, Counter] = {c: Counter() for c in s.categorical}
     texts: list[tuple[float, str]] = []
     features: list[tuple[float, Any]] = []
     labels: Counter | None = None
-    for s in summaries:
-        for c in st.columns:
-            st.train_counts[c] = st.train_counts[c] + s["numeric"][c]
-            r, sr = st.train_range[c], s["ranges"][c]
-            st.train_range[c] = sr if r is None else (r if sr is None else (min(r[0], sr[0]), max(r[1], sr[1])))
-        for c in st.categorical:
-            st.train_cats[c].update(s["categorical"][c])
-        texts = bottom_k(texts + s["texts"], st.text_sample)
-        features = bottom_k(features + s["features"], st.mmd_sample)
-        if s["labels"] is not None:
+    for b in summaries:
+        for c in s.columns:
+            counts[c] = counts[c] + b["numeric"][c]
+            r, br = ranges[c], b["ranges"][c]
+            ranges[c] = br if r is None else (r if br is None else (min(r[0], br[0]), max(r[1], br[1])))
+        for c in s.categorical:
+            cats[c].update(b["categorical"][c])
+        texts = bottom_k(texts + b["texts"], s.text_sample)
+        features = bottom_k(features + b["features"], s.mmd_sample)
+        if b["labels"] is not None:
             labels = Counter() if labels is None else labels
-            labels.update(s["labels"])
-    st._texts, st._features, st.train_labels = texts, features, labels
-    st._strata = merge_strata([s["strata"] for s in summaries])
+            labels.update(b["labels"])
+    return TrainingSide(rows=sum(b["rows"] for b in summaries), counts=counts, ranges=ranges, cats=cats,
+                        labels=labels, texts=texts, features=features,
+                        strata=merge_strata([b["strata"] for b in summaries]))
 
 
-def measure_samples(st: DriftStage) -> None:
+def column_results(train: TrainingSide, s: DriftSettings, ref: ReferenceState) -> dict[str, dict[str, Any]]:
+    """PSI and KL with their verdicts per column, numeric columns first."""
+    results = {c: column_result("numeric", ref.counts[c], train.counts[c], s.epsilon, s.thresholds,
+                                s.kl_thresholds) for c in s.columns}
+    for c in s.categorical:
+        results[c] = column_result("categorical", *counter_pair(ref.cats[c], train.cats[c]), s.epsilon,
+                                   s.thresholds, s.kl_thresholds)
+    return results
+
+
+def measure_samples(train: TrainingSide, s: DriftSettings, ref: ReferenceState) -> SampleMeasures:
     """Text domain classifier AUC, and MMD on the feature and embedding samples."""
-    st.text_auc = None
-    st.text_sizes = (len(st._texts), len(st.ref_texts))
-    st.mmd = {}
-    kwargs = {"seed": st.seed, "permutations": st.mmd_permutations, "max_rows": st.mmd_sample,
-              "thresholds": st.mmd_thresholds}
-    if st.mmd_sample and st.columns:
-        train = np.array([v for _, v in st._features], dtype=np.float64).reshape(-1, len(st.columns))
-        ref = np.array([v for _, v in st.ref.features], dtype=np.float64).reshape(-1, len(st.columns))
-        st.mmd["features"] = mmd_summary(train, ref, scale=True, **kwargs)
-    if st.text and st._texts and st.ref_texts:
+    text_auc = None
+    mmd: dict[str, dict[str, Any] | None] = {}
+    kwargs = {"seed": s.seed, "permutations": s.mmd_permutations, "max_rows": s.mmd_sample,
+              "thresholds": s.mmd_thresholds}
+    if s.mmd_sample and s.columns:
+        x = np.array([v for _, v in train.features], dtype=np.float64).reshape(-1, len(s.columns))
+        y = np.array([v for _, v in ref.features], dtype=np.float64).reshape(-1, len(s.columns))
+        mmd["features"] = mmd_summary(x, y, scale=True, **kwargs)
+    if s.text and train.texts and ref.texts:
         from dataguard.stats.domain import domain_classifier_auc, embed_texts
 
-        backend, length = getattr(st, "backend", None), getattr(st, "max_seq_length", None)
-        emb_train = embed_texts([t for _, t in st._texts], backend=backend, max_seq_length=length)
-        emb_ref = embed_texts([t for _, t in st.ref_texts], backend=backend, max_seq_length=length)
-        st.text_auc = domain_classifier_auc(emb_train, emb_ref, st.seed)
-        if st.mmd_sample:
-            st.mmd["text"] = mmd_summary(emb_train, emb_ref, scale=False, **kwargs)
+        emb_train = embed_texts([t for _, t in train.texts], backend=s.backend, max_seq_length=s.max_seq_length)
+        emb_ref = embed_texts([t for _, t in ref.texts], backend=s.backend, max_seq_length=s.max_seq_length)
+        text_auc = domain_classifier_auc(emb_train, emb_ref, s.seed)
+        if s.mmd_sample:
+            mmd["text"] = mmd_summary(emb_train, emb_ref, scale=False, **kwargs)
+    return SampleMeasures(text_auc=text_auc, text_sizes=(len(train.texts), len(ref.texts)), mmd=mmd)

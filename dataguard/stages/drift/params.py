@@ -1,9 +1,11 @@
 """The drift stage's parameters: what each may be (``CONSTRAINTS``, checked generically
-before ``__init__``), the rules between them and their normalised values (``check``)."""
+before ``__init__``), the rules between them and their normalised values (``check``, a
+`DriftSettings` the stage holds and hands to the helpers that read its settings)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +57,37 @@ CONSTRAINTS: dict[str, Allowed] = {
 }
 
 
-def check(p: dict[str, Any]) -> dict[str, Any]:
-    """The normalised parameters (see DriftStage for their meaning), after the rules that
-    relate them; each error names its parameter."""
+@dataclass(frozen=True)
+class DriftSettings:
+    """Every parameter but the reference, normalised (see DriftStage for their meaning)."""
+
+    columns: tuple[str, ...]
+    categorical: tuple[str, ...]
+    text: str | bool
+    bins: int
+    epsilon: float
+    thresholds: tuple[float, float]
+    kl_thresholds: tuple[float, float]
+    auc_thresholds: tuple[float, float]
+    mmd_thresholds: tuple[float, float]
+    mmd_sample: int
+    mmd_permutations: int
+    text_sample: int
+    correct: str | None
+    target: str | None
+    max_weight: float
+    weight_column: str | None
+    label_column: str | None
+    seed: int
+    backend: str
+    max_seq_length: int | None
+
+
+def check(p: dict[str, Any]) -> DriftSettings:
+    """The normalised parameters, after the rules that relate them; each error names its
+    parameter."""
     out = dict(p)
-    out["columns"], out["categorical"] = list(p["columns"]), list(p["categorical"])
+    out["columns"], out["categorical"] = tuple(p["columns"]), tuple(p["categorical"])
     both = sorted(set(out["columns"]) & set(out["categorical"]))
     if both:
         raise StageConfigError(f"columns and categorical overlap: {both}", param="categorical")
@@ -70,4 +98,4 @@ def check(p: dict[str, Any]) -> dict[str, Any]:
     if p["target"] is not None and p["target"] not in out["columns"] and p["target"] not in out["categorical"]:
         raise StageConfigError(f"target must be one of columns/categorical, got {p['target']!r}", param="target")
     out["max_weight"] = float(p["max_weight"])
-    return out
+    return DriftSettings(**out)
