@@ -35,7 +35,7 @@ from dataguard.records import flat_messages, reject_rows, rejected_texts, set_co
 from dataguard.stage import Outcome, Stage, StageConfigError
 from dataguard.stages.length_pairs import pair_totals
 from dataguard.stages.length_report import describe_length
-from dataguard.stages.length_truncate import MAX_EXAMPLES, plan_rows, rewrite_rows
+from dataguard.stages.length_truncate import MAX_EXAMPLES, Limits, plan_rows, rewrite_rows
 from dataguard.tally import Tally
 from dataguard.text.histogram import IntHistogram
 from dataguard.text.tokenizers import Tokenizer, check_tokenizer_spec, get_tokenizer
@@ -190,9 +190,11 @@ class LengthStage(Stage):
         stats = Tally(counts=Counter(rows_in=n, tokens_in=int(n_tokens.sum())))
         examples: list[dict[str, Any]] = []
 
+        tok = self.tokenizer
         reasons, details, new_msgs, new_counts, new_rejected = plan_rows(
-            self, n_tokens, content_tokens, offsets, roles, contents, msg_tokens, rejected_texts(batch))
-        batch, tokens_before, tokens_after, truncated = rewrite_rows(self, batch, n_tokens, offsets, new_msgs,
+            self._limits(), tok, n_tokens, content_tokens, offsets, roles, contents, msg_tokens,
+            rejected_texts(batch))
+        batch, tokens_before, tokens_after, truncated = rewrite_rows(tok, batch, n_tokens, offsets, new_msgs,
                                                                      new_counts, new_rejected, stats, examples)
         reject_mask = np.array([r is not None for r in reasons], dtype=bool)
         rej_idx = np.flatnonzero(reject_mask)
@@ -213,11 +215,15 @@ class LengthStage(Stage):
         stats.keep("examples", examples, MAX_EXAMPLES)
         return Outcome(kept=kept, rejected=rejected, stats=stats)
 
-    def _cap_note(self) -> str:
+    def _limits(self) -> Limits:
+        """The fitted rule `plan_rows` applies, with the cap's origin for reject details."""
         if self.percentile_value is None:
-            return " (max_tokens)"
-        return f" (p{self.percentile:g}={self.percentile_value:g} x {self.factor:g}" + (
-            f", max_tokens={self.max_tokens})" if self.max_tokens is not None else ")")
+            note = " (max_tokens)"
+        else:
+            note = f" (p{self.percentile:g}={self.percentile_value:g} x {self.factor:g}" + (
+                f", max_tokens={self.max_tokens})" if self.max_tokens is not None else ")")
+        return Limits(min_tokens=self.min_tokens, cap=self.cap, cap_note=note, action=self.action,
+                      keep_system=self.keep_system, cut_final=self.cut_final)
 
     # -- report ----------------------------------------------------------------------------
     def training_state(self) -> dict[str, Any]:

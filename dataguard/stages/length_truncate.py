@@ -9,18 +9,28 @@ cap that way (the length stage rejects it as ``too_long_untruncatable``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from dataguard.records import MESSAGES_TYPE, rejected_of, set_column, with_rejected
-
-if TYPE_CHECKING:
-    from dataguard.stages.length import LengthStage
-    from dataguard.tally import Tally
+from dataguard.tally import Tally
 
 MAX_EXAMPLES = 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The length stage's fitted rule, as `plan_rows` needs it (so it never needs the stage)."""
+
+    min_tokens: int
+    cap: int | None       # None: no cap was fitted (nothing is too long)
+    cap_note: str         # where the cap came from, for reject details
+    action: str           # "truncate" or "drop"
+    keep_system: bool
+    cut_final: bool
 
 
 def truncate_turns(roles: list[str], contents: list[str], counts: list[int], cap: int, tok: Any, *,
@@ -104,21 +114,21 @@ def truncate_pair(roles: list[str], contents: list[str], counts: list[int], reje
     return msgs, new_counts, rejected_side[0], rejected_side[1]
 
 
-def plan_rows(stage: LengthStage, n_tokens: np.ndarray, content_tokens: np.ndarray, offsets: np.ndarray,
+def plan_rows(limits: Limits, tok: Any, n_tokens: np.ndarray, content_tokens: np.ndarray, offsets: np.ndarray,
               roles: list[str], contents: list[str], msg_tokens: np.ndarray, rejected: Sequence[str | None],
               ) -> tuple[list[str | None], list[str | None], dict[int, list[dict[str, str]]], dict[int, list[int]],
                          dict[int, tuple[str, int]]]:
     """Per row: the reject reason and detail (too short, too long, untruncatable), or the
     truncated messages and their token counts (and, for a preference pair, its rejected
-    response and that response's tokens: `dataguard.stages.length_pairs`)."""
+    response and that response's tokens: `dataguard.stages.length_pairs`); ``tok`` counts and cuts."""
     n = len(n_tokens)
     reasons: list[str | None] = [None] * n
     details: list[str | None] = [None] * n
-    short = content_tokens < stage.min_tokens
+    short = content_tokens < limits.min_tokens
     for i in np.flatnonzero(short).tolist():
         reasons[i] = "too_short"
-        details[i] = f"content tokens={int(content_tokens[i])} < min_tokens={stage.min_tokens}"
-    cap = stage.cap
+        details[i] = f"content tokens={int(content_tokens[i])} < min_tokens={limits.min_tokens}"
+    cap = limits.cap
     long_rows = np.flatnonzero(~short & (n_tokens > cap)).tolist() if cap is not None else []
     new_msgs: dict[int, list[dict[str, str]]] = {}
     new_counts: dict[int, list[int]] = {}
@@ -127,22 +137,22 @@ def plan_rows(stage: LengthStage, n_tokens: np.ndarray, content_tokens: np.ndarr
         before = int(n_tokens[i])
         s, e = int(offsets[i]), int(offsets[i + 1])
         pair = rejected[i] is not None and e > s
-        r_count = int(stage.tokenizer.count_batch([rejected[i]])[0]) if pair else 0
+        r_count = int(tok.count_batch([rejected[i]])[0]) if pair else 0
         side = "; the rejected response is the longer side" if pair and r_count > msg_tokens[e - 1] else ""
-        if stage.action == "drop":
+        if limits.action == "drop":
             reasons[i] = "too_long"
-            details[i] = f"n_tokens={before} > cap={cap}{stage._cap_note()}{side}"
+            details[i] = f"n_tokens={before} > cap={cap}{limits.cap_note}{side}"
             continue
-        keep = {"keep_system": stage.keep_system, "cut_final": stage.cut_final}
+        keep = {"keep_system": limits.keep_system, "cut_final": limits.cut_final}
         counts = msg_tokens[s:e].tolist()
         if pair:
             result = truncate_pair(roles[s:e], contents[s:e], counts, rejected[i] or "", r_count, cap,
-                                   stage.tokenizer, **keep)
+                                   tok, **keep)
         else:
-            result = truncate_turns(roles[s:e], contents[s:e], counts, cap, stage.tokenizer, **keep)
+            result = truncate_turns(roles[s:e], contents[s:e], counts, cap, tok, **keep)
         if result is None:
             reasons[i] = "too_long_untruncatable"
-            details[i] = (f"n_tokens={before} > cap={cap}{stage._cap_note()}; still over after removing "
+            details[i] = (f"n_tokens={before} > cap={cap}{limits.cap_note}; still over after removing "
                           f"all removable history (system and final turn are protected){side}")
             continue
         new_msgs[i], new_counts[i] = result[0], result[1]
@@ -151,18 +161,17 @@ def plan_rows(stage: LengthStage, n_tokens: np.ndarray, content_tokens: np.ndarr
     return reasons, details, new_msgs, new_counts, new_rejected
 
 
-def rewrite_rows(stage: LengthStage, batch: pa.Table, n_tokens: np.ndarray, offsets: np.ndarray,
+def rewrite_rows(tok: Any, batch: pa.Table, n_tokens: np.ndarray, offsets: np.ndarray,
                  new_msgs: dict[int, list[dict[str, str]]], new_counts: dict[int, list[int]],
                  new_rejected: dict[int, tuple[str, int]], stats: Tally,
                  examples: list[dict[str, Any]]) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
     """The batch with truncated rows rewritten and the before/after token columns (a pair's
-    tokens: its longer side's)."""
+    tokens: its longer side's); ``tok`` measures the template's overhead."""
     n = batch.num_rows
     tokens_before = n_tokens.copy()
     tokens_after = n_tokens.copy()
     truncated = np.zeros(n, dtype=bool)
     if new_msgs:
-        tok = stage.tokenizer
         msgs_py = batch.column("messages").to_pylist()
         per_msg_py = batch.column("message_tokens").to_pylist()
         for i, msgs in new_msgs.items():

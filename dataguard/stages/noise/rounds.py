@@ -12,20 +12,54 @@ second round found fewer confirmed errors (52 vs 59 of 82 in the worst 151 rows;
 among the rows flagged); on banking77 with 10% seeded noise (features auto) detection F1
 went from 0.881 to 0.878. Each round also costs one more cross-validation, so the
 default stays ``rounds: 1``.
+
+`estimate_issues` is the noise stage's whole cross-validated estimate. It reads the stage's
+options from a frozen `CvOptions` and hands back a `CvResult` for the stage to record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dataguard.stages.noise import views as views_mod
-from dataguard.stages.noise.confident import NoiseEstimate, within_budget
+from dataguard.stages.noise.confident import NoiseEstimate, estimate, within_budget
 
-if TYPE_CHECKING:  # the stage whose estimate this is; imported for its type only (no cycle at run time)
-    from dataguard.stages.noise.stage import NoiseStage
+
+@dataclass(frozen=True)
+class CvOptions:
+    """The noise stage's options that its cross-validated estimate reads."""
+
+    features: str
+    embedder: Any
+    embedding_weight: float
+    classifier: str | Any
+    C: float | None
+    folds: int
+    seed: int
+    method: str
+    filter_by: str
+    threshold: float
+    rank_by: str
+    min_rows_per_class: int
+    rounds: int
+    max_flagged: int | float | None
+
+
+@dataclass(frozen=True)
+class CvResult:
+    """The estimate and how it was reached (describe() reports the latter)."""
+
+    probs: np.ndarray
+    est: NoiseEstimate
+    features_used: str | None        # the resolved ``features`` (None: auto, and no classifier ran)
+    auto_choice: dict[str, Any]      # why ``auto`` chose its features (empty otherwise)
+    chosen_C: views_mod.Chosen | None  # None: no classifier was trained here
+    round_log: list[dict[str, Any]]  # one entry per round, with ``rounds`` > 1
+    budget_log: dict[str, Any]       # what ``max_flagged`` took back (empty without it)
 
 
 def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
@@ -57,29 +91,37 @@ def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
     return probs, est, log
 
 
-def estimate_issues(stage: NoiseStage, summaries: Sequence[Any], y: np.ndarray, k: int,
-                    probs: np.ndarray | None) -> tuple[np.ndarray, NoiseEstimate]:
-    """The noise stage's estimate: out-of-sample probabilities from its own feature views
-    when none were given, confident learning on them, the extra rounds and the flag
-    budget. Records ``chosen_C``, ``round_log`` and ``budget_log`` on the stage."""
-    kind, views = "", {}
+def estimate_issues(opts: CvOptions, summaries: Sequence[Any], y: np.ndarray, k: int,
+                    probs: np.ndarray | None) -> CvResult:
+    """Out-of-sample probabilities from the stage's own feature views when none were given,
+    confident learning on them, the extra rounds and the flag budget."""
+    kind, views, auto_choice, chosen = "", {}, {}, None
+    used = None if opts.features == "auto" else opts.features
     if probs is None:
         if len(y):
-            kind, views = views_mod.feature_views(stage, summaries)
-            stage.chosen_C, probs = views_mod.first_probs(kind, views, y, k, C=stage.C, folds=stage.folds,
-                                                          seed=stage.seed, classifier=stage.classifier)
+            kind, auto_choice, views = views_mod.feature_views(opts.features, opts.embedder, opts.embedding_weight,
+                                                               summaries)
+            used = kind
+            chosen, probs = views_mod.first_probs(kind, views, y, k, C=opts.C, folds=opts.folds, seed=opts.seed,
+                                                  classifier=opts.classifier)
         else:
             probs = np.zeros((0, k))
-    est = stage._estimate(y, probs)
-    if stage.rounds > 1 and views:
-        chosen = stage.chosen_C
+
+    def estimate_fn(p: np.ndarray) -> NoiseEstimate:
+        return estimate(y, p, method=opts.method, filter_by=opts.filter_by, threshold=opts.threshold,
+                        rank_by=opts.rank_by, min_rows_per_class=opts.min_rows_per_class)
+
+    est = estimate_fn(probs)
+    round_log: list[dict[str, Any]] = []
+    if opts.rounds > 1 and views:
 
         def refit(keep: np.ndarray) -> np.ndarray:
-            return views_mod.refit(kind, views, y, k, keep, chosen, folds=stage.folds, seed=stage.seed,
-                                   classifier=stage.classifier)
+            return views_mod.refit(kind, views, y, k, keep, chosen, folds=opts.folds, seed=opts.seed,
+                                   classifier=opts.classifier)
 
-        probs, est, stage.round_log = run_rounds(y, probs, est, refit, lambda p: stage._estimate(y, p),
-                                                 rounds=stage.rounds)
-    if stage.max_flagged is not None:
-        est, stage.budget_log = within_budget(est, stage.max_flagged)
-    return probs, est
+        probs, est, round_log = run_rounds(y, probs, est, refit, estimate_fn, rounds=opts.rounds)
+    budget_log: dict[str, Any] = {}
+    if opts.max_flagged is not None:
+        est, budget_log = within_budget(est, opts.max_flagged)
+    return CvResult(probs=probs, est=est, features_used=used, auto_choice=auto_choice, chosen_C=chosen,
+                    round_log=round_log, budget_log=budget_log)

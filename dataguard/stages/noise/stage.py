@@ -70,7 +70,7 @@ the fitted verdicts and apply's per-row lookup in `dataguard.stages.noise.verdic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -82,9 +82,8 @@ from dataguard.records import full_texts, prompt_texts, response_texts
 from dataguard.stage import Outcome, Stage
 from dataguard.stages.noise import dynamics_stage, report
 from dataguard.stages.noise import params as P
-from dataguard.stages.noise.confident import NoiseEstimate, estimate
 from dataguard.stages.noise.given import class_list, gather_probs
-from dataguard.stages.noise.rounds import estimate_issues
+from dataguard.stages.noise.rounds import CvOptions, estimate_issues
 from dataguard.stages.noise.verdicts import REASON, Verdicts, judge
 from dataguard.text.features import AUTO_MAX_WORDS, word_count
 
@@ -236,9 +235,9 @@ class NoiseStage(Stage):
             summary.embeddings = embeddings_for(sub, self.embedding_column, texts, self.embedder)
         return summary
 
-    def _estimate(self, y: np.ndarray, probs: np.ndarray) -> NoiseEstimate:
-        return estimate(y, probs, method=self.method, filter_by=self.filter_by, threshold=self.threshold,
-                        rank_by=self.rank_by, min_rows_per_class=self.min_rows_per_class)
+    def _cv_options(self) -> CvOptions:
+        """What `estimate_issues` reads: the stage's attributes of the same names, frozen."""
+        return CvOptions(**{f.name: getattr(self, f.name) for f in fields(CvOptions)})
 
     def fit(self, summaries: Sequence[NoiseSummary]) -> None:
         summaries = list(summaries)
@@ -255,7 +254,10 @@ class NoiseStage(Stage):
         index = {c: i for i, c in enumerate(classes)}
         y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
         k = len(classes)
-        probs, est = estimate_issues(self, summaries, y, k, probs)
+        cv = estimate_issues(self._cv_options(), summaries, y, k, probs)
+        probs, est = cv.probs, cv.est
+        self.features_used, self.auto_choice, self.chosen_C = cv.features_used, cv.auto_choice, cv.chosen_C
+        self.round_log, self.budget_log = cv.round_log, cv.budget_log
         relabel = est.is_issue & (est.suggested != y) & (est.suggested_prob >= self.relabel_min_confidence)
         self._classes = classes
         self._verdicts = Verdicts(

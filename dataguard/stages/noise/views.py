@@ -55,19 +55,19 @@ def refit(kind: str, views: dict[str, Any], y: np.ndarray, k: int, keep: np.ndar
     return (p_emb + p_tf + p_knn) / 3.0
 
 
-def feature_views(stage: Any, summaries: Sequence[Any]) -> tuple[str, dict[str, Any]]:
-    """(kind, matrices) for the classifiers from the noise stage's batch summaries; resolves
-    ``features: auto`` from the texts' lengths (and records the choice on the stage)."""
-    kind = stage.features
+def feature_views(features: str, embedder: Any, embedding_weight: float,
+                  summaries: Sequence[Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(kind, why ``auto`` chose it - empty unless ``features`` is auto -, matrices) for the
+    classifiers from the noise stage's batch summaries; ``auto`` is resolved from the texts' lengths."""
+    kind, auto_choice = features, {}
     if kind == "auto":
-        kind, stage.auto_choice = choose_features([word_count(t) for s in summaries for t in (s.texts or [])])
-    stage.features_used = kind
+        kind, auto_choice = choose_features([word_count(t) for s in summaries for t in (s.texts or [])])
     tfidf = (tfidf_features([t for s in summaries for t in (s.texts or [])])
              if kind in ("tfidf", "both", "ensemble") else None)
-    emb = _embeddings(stage.embedder, summaries) if kind in ("embedding", "both", "ensemble") else None
+    emb = _embeddings(embedder, summaries) if kind in ("embedding", "both", "ensemble") else None
     if kind == "ensemble":
-        return kind, {"embedding": np.ascontiguousarray(emb, dtype=np.float32), "tfidf": tfidf}
-    return kind, {"X": combine(tfidf, emb, embedding_weight=stage.embedding_weight)}
+        return kind, auto_choice, {"embedding": np.ascontiguousarray(emb, dtype=np.float32), "tfidf": tfidf}
+    return kind, auto_choice, {"X": combine(tfidf, emb, embedding_weight=embedding_weight)}
 
 
 def _embeddings(embedder: Any, summaries: Sequence[Any]) -> np.ndarray:

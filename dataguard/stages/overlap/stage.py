@@ -4,7 +4,7 @@ measurement (measure.py), spans/masking (spans.py) and reporting (report.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -134,8 +134,9 @@ class OverlapStage(Stage):
             raise RuntimeError("OverlapStage.apply called before fit()")
         return self._ref
 
-    def fitted_or_none(self) -> ReferenceIndex | None:
-        return self._ref
+    def _report_options(self) -> report.ReportOptions:
+        """What `report` reads: the stage's attributes of the same names, frozen."""
+        return report.ReportOptions(**{f.name: getattr(self, f.name) for f in fields(report.ReportOptions)})
 
     def output_columns(self) -> dict[str, pa.DataType]:
         cols = {
@@ -202,8 +203,10 @@ class OverlapStage(Stage):
             drop = emptied | (contaminated & ~masked)
             table = set_column(table, "overlap_masked", pa.array(masked, pa.bool_()))
             original = set_column(original, "overlap_masked", pa.array(np.zeros(n_rows, bool), pa.bool_()))
-        details = [report.detail(self, m, int(r)) + self._mask_note(masked, int(r)) for r in np.flatnonzero(drop)]
-        stats = report.batch_stats(self, batch, rows, m, contaminated, is_val, ids, spans, example_rows,
+        opts = self._report_options()
+        details = [report.detail(opts, ref, m, int(r)) + self._mask_note(masked, int(r))
+                   for r in np.flatnonzero(drop)]
+        stats = report.batch_stats(opts, ref, batch, rows, m, contaminated, is_val, ids, spans, example_rows,
                                    int(drop.sum()), int(masked.sum()))
         if not drop.any():
             return Outcome(kept=table, stats=stats)
@@ -235,4 +238,4 @@ class OverlapStage(Stage):
         return {"splits": {"validation": list(self.validation_sources)}}
 
     def describe(self) -> dict[str, Any]:
-        return report.describe(self, self.tally, self._item_text)
+        return report.describe(self._report_options(), self._ref, self.tally, self._item_text)
