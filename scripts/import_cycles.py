@@ -3,9 +3,12 @@
     python scripts/import_cycles.py [--top-level-only]
 
 Every ``import``/``from ... import`` of a ``dataguard`` module counts, including the lazy
-ones inside functions (a lazy import hides a cycle, it does not remove it), except those
-under ``if TYPE_CHECKING:``. ``--top-level-only`` counts only module-level imports (the
-ones that can fail at import time). A package's ``__init__`` is a module of its own.
+ones inside functions (a lazy import hides a cycle, it does not remove it) and those under
+``if TYPE_CHECKING:`` (a type-only import still means the two modules know each other: a
+helper that takes the whole stage object, say, and a stage that calls it).
+``--top-level-only`` counts only the imports that run when a module is imported (module
+level, not under ``TYPE_CHECKING``): the ones that can fail at import time. A package's
+``__init__`` is a module of its own.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def imports(path: Path, modules: set[str], top_level_only: bool) -> set[str]:
 
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if top_level_only and isinstance(child, ast.If) and _is_type_checking(child):
                 for sub in child.orelse:
                     visit(sub, top)
                 continue

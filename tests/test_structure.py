@@ -16,7 +16,7 @@ HARD_CLASS_LINES = 250
 
 
 def test_no_import_cycles_between_dataguard_modules() -> None:
-    """Counts lazy imports inside functions too: a lazy import hides a cycle, it does not remove it."""
+    """Counts lazy imports inside functions and type-only imports too: hiding an import does not remove the circle."""
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "import_cycles.py")], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
