@@ -328,3 +328,20 @@ def test_end_to_end_with_the_real_pipeline(tmp_path):
     parser.feed(page)
     assert [t for t, _ in parser.tags].count("script") == 1
     assert "&lt;script&gt;window.__pwned=9&lt;/script&gt;" in page
+
+
+def test_a_row_rejected_for_a_lone_surrogate_is_shown_not_fatal(tmp_path):
+    """A ``\\ud800`` escape is valid JSON text; the row is rejected as invalid_unicode and the
+    page shows it escaped (it once stopped the report: a lone surrogate cannot be UTF-8)."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+
+    src = tmp_path / "train.jsonl"
+    src.write_text('{"instruction": "Say hi", "input": "", "output": "hi \\ud800 there"}\n'
+                   '{"instruction": "Say hello", "input": "", "output": "hello there"}\n', encoding="utf-8")
+    out = tmp_path / "out"
+    Pipeline([], workers=1).run([InputSpec(path=src, name="train")], out)
+    page = build_report(out).read_text(encoding="utf-8")
+    model = json.loads((out / "audit.json").read_text())
+    assert [r["reason"] for r in model["reasons"]] == ["invalid_unicode"]
+    assert "\\ud800" in page and model["nothing_lost"] is True

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.records import safe_text
 from dataguard.report.fmt import clip
 from dataguard.run.manifest import Manifest, StageEntry
 
@@ -60,7 +61,23 @@ def parse_record(raw: str | None) -> dict[str, Any]:
 
     A canonical row becomes ``{"kind": "row", messages, label, meta, scores}``; any other
     JSON becomes ``{"kind": "json", "text": pretty}``; unparsable input stays raw text.
+    Every string is written UTF-8-safe: a record rejected as ``invalid_unicode`` holds a
+    ``\\ud800`` escape that ``json.loads`` turns into a lone surrogate, which no page can hold.
     """
+    return _utf8_safe(_parse_record(raw))
+
+
+def _utf8_safe(value: Any) -> Any:
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8_safe(v) for v in value]
+    return value
+
+
+def _parse_record(raw: str | None) -> dict[str, Any]:
     if raw is None:
         return {"kind": "raw", "text": "", "cut": 0}
     if len(raw) > MAX_PARSE_CHARS:
