@@ -71,3 +71,29 @@ def test_mask_cuts_the_copy_out_of_the_rejected_response(whole: bool) -> None:
     assert chosen == CHOSEN and rejected.startswith("Sure, here is one") and item[:60] not in rejected
     again = stage.apply(out.kept.select(["id", "source", "messages", "label", "meta"]))
     assert not any(again.kept.column("contaminated").to_pylist())
+
+
+@pytest.mark.parametrize(("chosen", "rejected", "why"), [
+    ("{item}", "I am not sure, sorry.", "the final answer was entirely the copied text"),
+    ("Robins are songbirds. {item}", "Robins are songbirds.", "the chosen and rejected responses are the same"),
+])
+def test_mask_drops_a_pair_it_leaves_without_a_preference(chosen: str, rejected: str, why: str) -> None:
+    """Cutting the copy must not leave a pair that teaches an empty answer, or states no
+    preference: such a pair is dropped as contaminated, with the reason in its detail."""
+    item = _gsm8k_item()
+    table = normalised(dpo_records()[:3] + [pair("Tell me something.", chosen.format(item=item), rejected)])
+    out = _stage("mask").apply(table)
+    assert out.kept.num_rows + out.rejected.num_rows == table.num_rows
+    assert out.rejected.column("id").to_pylist() == [table.column("id")[-1].as_py()]
+    assert out.rejected.column("reason").to_pylist() == ["contamination"]
+    assert out.rejected.column("detail")[0].as_py().endswith(why)
+
+
+def test_mask_drops_a_plain_row_whose_answer_was_the_copy() -> None:
+    item = _gsm8k_item()
+    records = [{"instruction": "Solve this for me.", "input": "", "output": item},
+               {"instruction": "Say hi.", "input": "", "output": "Hi! " + item}]
+    table = normalised(records)
+    out = _stage("mask").apply(table)
+    assert out.rejected.column("id").to_pylist() == [table.column("id")[0].as_py()]
+    assert out.kept.column("messages")[0].as_py()[-1]["content"].strip() == "Hi!"

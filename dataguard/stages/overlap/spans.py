@@ -52,14 +52,15 @@ def row_spans(ref: ReferenceIndex, encoder: Encoder, rows: ScanRows, r: int, is_
 
 
 def mask_rows(table: pa.Table, spans: dict[int, Spans], contaminated: np.ndarray,
-              roles: Sequence[str]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """(table with the spans cut out, rows masked, rows with no scanned text left)."""
+              roles: Sequence[str]) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+    """(table with the spans cut out, rows masked, {row: why it cannot be kept} for the
+    masked rows that no longer make a training example)."""
     n_rows = table.num_rows
     masked = np.zeros(n_rows, dtype=bool)
-    emptied = np.zeros(n_rows, dtype=bool)
+    spoiled: dict[int, str] = {}
     pending = [r for r in np.flatnonzero(contaminated).tolist() if spans.get(r)]
     if not pending:
-        return table, masked, emptied
+        return table, masked, spoiled
     messages = table.column("messages").to_pylist()
     rejected = rejected_texts(table)
     cut_rejected: dict[int, str] = {}
@@ -71,12 +72,32 @@ def mask_rows(table: pa.Table, spans: dict[int, Spans], contaminated: np.ndarray
             else:
                 msgs[local]["content"] = cut(msgs[local]["content"] or "", sp)
         masked[r] = True
-        # a pair left without a rejected response states no preference any more
-        emptied[r] = (not any((m["content"] or "").strip() for m in msgs if m["role"] in roles)
-                      or (r in cut_rejected and not cut_rejected[r].strip()))
+        why = spoiled_by_mask(msgs, roles, rejected[r], cut_rejected.get(r, rejected[r]))
+        if why:
+            spoiled[r] = why
     col = pa.array(messages, MESSAGES_TYPE)
     idx = table.column_names.index("messages")
-    return with_rejected(table.set_column(idx, "messages", col), cut_rejected), masked, emptied
+    return with_rejected(table.set_column(idx, "messages", col), cut_rejected), masked, spoiled
+
+
+def spoiled_by_mask(msgs: list[dict[str, str]], roles: Sequence[str], rejected_before: str | None,
+                    rejected_after: str | None) -> str:
+    """Why a masked row no longer makes a training example ("" when it still does): nothing
+    scanned is left, its final answer was cut away (training on an empty answer), or, for a
+    preference pair, the rejected response was cut away or the cut made both responses the
+    same (a pair that states no preference)."""
+    if not any((m["content"] or "").strip() for m in msgs if m["role"] in roles):
+        return "nothing left after masking"
+    final = (msgs[-1]["content"] or "").strip() if msgs and msgs[-1]["role"] == "assistant" else None
+    if final == "":
+        return "the final answer was entirely the copied text"
+    if rejected_before is None:
+        return ""
+    if not (rejected_after or "").strip():
+        return "the rejected response was entirely the copied text"
+    if final is not None and " ".join(final.split()) == " ".join((rejected_after or "").split()):
+        return "after masking, the chosen and rejected responses are the same"
+    return ""
 
 
 def widen(text: str, s: int, e: int) -> tuple[int, int]:

@@ -194,17 +194,19 @@ class OverlapStage(Stage):
 
         drop = np.zeros(n_rows, dtype=bool)
         masked = np.zeros(n_rows, dtype=bool)
+        spoiled: dict[int, str] = {}
         original = table  # rejected rows keep the text as it came in, never a masked copy
         if self.action == "drop":
             drop = contaminated.copy()
         elif self.action == "mask":
-            table, masked, emptied = mask_rows(table, spans, contaminated, self.roles)
+            table, masked, spoiled = mask_rows(table, spans, contaminated, self.roles)
             # a contaminated row whose spans could not be located is dropped, not kept as is
-            drop = emptied | (contaminated & ~masked)
+            drop = contaminated & ~masked
+            drop[list(spoiled)] = True
             table = set_column(table, "overlap_masked", pa.array(masked, pa.bool_()))
             original = set_column(original, "overlap_masked", pa.array(np.zeros(n_rows, bool), pa.bool_()))
         opts = self._report_options()
-        details = [report.detail(opts, ref, m, int(r)) + self._mask_note(masked, int(r))
+        details = [report.detail(opts, ref, m, int(r)) + self._mask_note(masked, spoiled, int(r))
                    for r in np.flatnonzero(drop)]
         stats = report.batch_stats(opts, ref, batch, rows, m, contaminated, is_val, ids, spans, example_rows,
                                    int(drop.sum()), int(masked.sum()))
@@ -213,10 +215,10 @@ class OverlapStage(Stage):
         rejected = reject_rows(original, drop, self.name, REASON, details)
         return Outcome(kept=table.filter(pa.array(~drop, pa.bool_())), rejected=rejected, stats=stats)
 
-    def _mask_note(self, masked: np.ndarray, r: int) -> str:
+    def _mask_note(self, masked: np.ndarray, spoiled: dict[int, str], r: int) -> str:
         if self.action != "mask":
             return ""
-        return "; nothing left after masking" if masked[r] else "; spans could not be located for masking"
+        return f"; {spoiled[r]}" if masked[r] else "; spans could not be located for masking"
 
     def _is_val(self, batch: pa.Table) -> np.ndarray:
         if not self.validation_sources or batch.num_rows == 0:
