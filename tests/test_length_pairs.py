@@ -63,3 +63,18 @@ def test_truncation_keeps_one_prompt_and_brings_both_sides_under_the_cap(cut_fin
         chosen, rejected = pair_responses(out.kept)[kept_ids.index(planted_id)]
         assert chosen == "Hi! Nice to meet you."  # the short chosen response is untouched
         assert rejected.startswith("hello there " * 100) and len(rejected) < len("hello there " * 1500)
+
+
+def test_a_cut_that_makes_both_responses_the_same_rejects_the_pair() -> None:
+    """Real pairs often share a long opening: cutting both to the cap can leave two equal
+    responses, a pair that states no preference. It is rejected, not kept."""
+    opening = "Here is a careful answer that walks through every step of the reasoning. " * 60
+    same_start = pair("Explain it.", opening + "So the answer is yes.", opening + "So the answer is no.")
+    table = normalised(dpo_records()[:5] + [same_start])
+    out = run_stage(LengthStage(percentile=None, max_tokens=200, cut_final=True), [table])[0]
+    assert out.kept.num_rows + out.rejected.num_rows == table.num_rows
+    rejected = {r["id"]: r for r in out.rejected.to_pylist()}
+    planted = rejected[table.column("id")[-1].as_py()]
+    assert planted["reason"] == "too_long_untruncatable"
+    assert "leaves them the same" in planted["detail"]
+    assert all(c != r for c, r in (p for p in pair_responses(out.kept) if p is not None))

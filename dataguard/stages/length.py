@@ -74,7 +74,7 @@ class LengthStage(Stage):
     reasons = {
         "too_short": "fewer tokens than min_tokens",
         "too_long": "more tokens than the cap, with action: drop",
-        "too_long_untruncatable": "over the cap even after removing all removable history (protected turns alone exceed it)",
+        "too_long_untruncatable": "over the cap even after removing all removable history (protected turns alone exceed it), or a pair whose cut leaves both responses the same",
     }
 
     def __init__(self, *, tokenizer: str | None = None, percentile: float | None = 90.0,

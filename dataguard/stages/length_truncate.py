@@ -155,6 +155,11 @@ def plan_rows(limits: Limits, tok: Any, n_tokens: np.ndarray, content_tokens: np
             details[i] = (f"n_tokens={before} > cap={cap}{limits.cap_note}; still over after removing "
                           f"all removable history (system and final turn are protected){side}")
             continue
+        if pair and " ".join(result[0][-1]["content"].split()) == " ".join(result[2].split()):
+            reasons[i] = "too_long_untruncatable"
+            details[i] = (f"n_tokens={before} > cap={cap}{limits.cap_note}; cutting both responses to the cap "
+                          "leaves them the same, a pair that states no preference")
+            continue
         new_msgs[i], new_counts[i] = result[0], result[1]
         if pair:
             new_rejected[i] = result[2], result[3]
