@@ -216,6 +216,9 @@ def load_train_config(source: str | Path | dict[str, Any], *,
     if checked["task"] in ADAPTER_REFERENCE_TASKS and not checked.get("lora"):
         raise loc.error(prefix + ("task",), f"task {checked['task']} needs lora: (its reference model is the base "
                                             "with the adapter switched off)")
+    if checked.get("precision") == "fp8" and checked.get("lora"):
+        raise loc.error(prefix + ("precision",), "fp8 does not combine with lora (torchao would convert the "
+                                                 "adapters' base layers under peft); use bf16 with LoRA")
     if checked.get("packing") and checked["task"] not in PACKING_TASKS:
         raise loc.error(prefix + ("packing",), f"packing applies to task {', '.join(sorted(PACKING_TASKS))} only")
     _check_manifest(checked["data"])
