@@ -1,6 +1,6 @@
 """Preference pairs in every shape the normalizer detects, on small real-shaped rows: the
 sample's ShareGPT pairs, TRL's prompt/chosen/rejected (standard and conversational), TRL's
-implicit-prompt pairs and Anthropic HH-RLHF transcripts; each becomes one canonical pair."""
+implicit-prompt pairs, Anthropic HH-RLHF transcripts and LLaMA-Factory's alpaca pairs; each becomes one canonical pair."""
 
 from __future__ import annotations
 
@@ -27,11 +27,12 @@ SHAPES = {
     "trl_implicit": ({"chosen": [{"role": "user", "content": Q}, {"role": "assistant", "content": GOOD}],
                       "rejected": [{"role": "user", "content": Q}, {"role": "assistant", "content": BAD}]},
                      [("user", Q)]),
+    "llamafactory_alpaca": ({"instruction": Q, "input": "", "chosen": GOOD, "rejected": BAD}, [("user", Q)]),
     "hh_rlhf": ({"chosen": HH_PROMPT + "\n\nAssistant: " + GOOD, "rejected": HH_PROMPT + "\n\nAssistant: " + BAD},
                 [("user", "I want to make tea."), ("assistant", "Green or black?"), ("user", Q)]),
 }
 FORMAT = {"sharegpt": "sharegpt", "prompt_completion": "prompt_completion", "trl_conversational": "prompt_completion",
-          "trl_implicit": "preference", "hh_rlhf": "preference"}
+          "trl_implicit": "preference", "hh_rlhf": "preference", "llamafactory_alpaca": "alpaca"}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -79,3 +80,10 @@ def test_a_run_without_pairs_describes_no_balance() -> None:
     out = run([{"instruction": Q, "output": GOOD}], normalizer=norm)
     norm.absorb([out.stats])
     assert "pairs" not in norm.describe()
+
+
+def test_an_alpaca_rejected_response_that_is_not_text_is_a_wrong_type() -> None:
+    """A rejected response beside an alpaca answer is a pair's, and is checked like one
+    (it once rode along in meta unchecked when it was not a string)."""
+    out = run([{"instruction": Q, "input": "", "output": GOOD, "rejected": 12}])
+    assert out.kept.num_rows == 0 and out.rejected.column("reason").to_pylist() == ["wrong_type"]

@@ -1,6 +1,8 @@
 """``alpaca``: ``instruction``, ``input``, ``output``, optional ``system`` and ``history``
 [[query, answer], ...]. The user turn is instruction and input joined by "\\n"
-(LLaMA-Factory's convention).
+(LLaMA-Factory's convention). LLaMA-Factory's preference shape puts ``chosen`` and
+``rejected`` where ``output`` would be: the chosen response is the answer, the rejected one
+goes to ``meta["rejected"]`` (the canonical pair, `dataguard.records`).
 
 Most instruction data is plain ``{instruction, input, output}`` rows, and the per-record
 path (detect, map, check: one Python call chain per row) costs ten times the work itself.
@@ -26,6 +28,7 @@ from dataguard.formats.base import (
     rest,
     system_turns,
 )
+from dataguard.formats.conversation import response_text
 from dataguard.io.raw import SourceOptions
 
 PLAIN_KEYS = frozenset({"instruction", "input", "output"})
@@ -44,7 +47,15 @@ def detect(rec: dict[str, Any], options: SourceOptions) -> bool:
 def map_record(rec: dict[str, Any], options: SourceOptions) -> Mapped:
     instruction = req_str(rec, "instruction", "missing_field")
     query = opt_str(rec, "input")
-    output = req_str(rec, "output", "missing_assistant")
+    meta: dict[str, Any] = {}
+    if "output" not in rec and "chosen" in rec:  # LLaMA-Factory's alpaca preference pair
+        output = response_text(rec["chosen"], "chosen")
+        if output is None:
+            raise Reject("missing_assistant", "field 'chosen' is null")
+    else:
+        output = req_str(rec, "output", "missing_assistant")
+    if "rejected" in rec:
+        meta["rejected"] = response_text(rec["rejected"], "rejected")
     turns = system_turns(rec)
     history = rec.get("history")
     if history is not None:
@@ -55,8 +66,8 @@ def map_record(rec: dict[str, Any], options: SourceOptions) -> Mapped:
                 raise Reject("wrong_type", f"history[{i}] must be a [query, answer] pair of strings")
             turns += [("user", pair[0]), ("assistant", pair[1])]
     turns += [("user", join(instruction, query)), ("assistant", output)]
-    used = {"instruction", "input", "output", "system", "history", "label"}
-    return Mapped("alpaca", turns, label_str(rec.get("label"), "label"), rest(rec, used))
+    used = {"instruction", "input", "output", "chosen", "rejected", "system", "history", "label"}
+    return Mapped("alpaca", turns, label_str(rec.get("label"), "label"), {**meta, **rest(rec, used)})
 
 
 def map_batch(records: Sequence[Any], errors: Sequence[str | None], options: SourceOptions) -> TwoTurnRows:

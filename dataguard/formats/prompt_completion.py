@@ -36,7 +36,9 @@ def map_record(rec: dict[str, Any], options: SourceOptions) -> Mapped:
     key = "completion" if rec.get("completion") is not None else "chosen"
     completion = rec.get(key)
     if completion is None:
-        raise Reject("missing_assistant", "field 'completion' is missing")
+        present = [k for k in ("completion", "chosen") if k in rec]
+        raise Reject("missing_assistant", f"field {present[-1]!r} is null" if present
+                     else "field 'completion' (or 'chosen') is missing")
     if key == "chosen":
         completion = response_text(completion, key)
     elif not isinstance(completion, str):
