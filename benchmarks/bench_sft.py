@@ -116,21 +116,38 @@ What (b) caught (rows of each planted kind kept; stage:reason of the drops, data
 | over-long | 50 | 16 | length too_long_untruncatable 33, quality 1 |
 | GSM8K test items | 50 | 0 | overlap contamination 46, quality 4 |
 
-Ablation (``--ablate no_consistency,no_near_dedup --seeds 0 --no-base``, 05:19-05:37 UTC, the
-two stages this session changed; one seed, so it cannot rank them: (b)'s own three seeds span
-0.586-0.614 in relevance and 0.09-0.14 in degeneration):
+Ablation (``--ablate --seeds 0 --no-base``: (b) with one stage off at a time; seed 0; the
+runs of 2026-12-02, 05:19-08:10 UTC, 20-60 min each on the loaded box):
 
 | arm (seed 0) | rows | clean eval loss | degeneration | prompt relevance | leakage gap |
 |---|---:|---:|---:|---:|---:|
 | (b) | 2,276 | 1.6614 | 0.14 | 0.614 | +0.088 |
+| (b) without quality (98 URL and 83 loop rows kept) | 2,530 | **1.6858** | 0.09 | 0.584 | +0.085 |
 | (b) without consistency (98 of 100 swapped answers kept) | 2,353 | 1.6617 | 0.11 | 0.601 | +0.090 |
+| (b) without overlap (46 GSM8K items kept) | 2,322 | 1.6609 | 0.07 | 0.604 | +0.084 |
 | (b) without near_dedup (117 near copies and 110 more clean rows kept) | 2,496 | 1.6530 | 0.12 | 0.579 | +0.092 |
+| (b) without length (27 more over-long rows, 11 more clean ones, no history cut) | 2,313 | 1.6447 | 0.10 | 0.599 | +0.092 |
+| (b) without dedup | 2,276 | = (b) | | | |
 
-Every difference is inside (b)'s seed-to-seed spread; ranking the stages needs at least three
-seeds per arm and more steps (about 14 min per run here).
+Without dedup the kept rows are exactly (b)'s (near_dedup also catches every exact copy), so
+it was not trained. Reading, with one seed per arm: the URL and loop rows cost the most held-out
+loss (+0.024 without ``quality``); swapped answers, the GSM8K items and near copies cost
+nothing measurable at 288 rows drawn; dropping ``length`` lowers the loss (the runner cuts
+rows at ``max_length`` 160 anyway, while the stage drops 33 over-long rows and 22 clean ones
+and removes history turns). Relevance and degeneration differences sit inside (b)'s own
+three-seed spread (0.586-0.614, 0.09-0.14). Ranking beyond "quality first" needs three seeds
+per arm.
 
-Not run: arm (c) and the untrained model at these settings, the other four ablation arms, more
-seeds for the ablation, more steps (the leakage metric needs epochs).
+Arm (c), seed 0 (``--arms a,b,c``; (b) + ``longtail: {label_column: source, resample:
+balanced}``: 1,266 rows): clean eval loss 1.7584, degeneration 0.20, relevance 0.580,
+leakage gap +0.082. The hand-off costs here: balancing the six sources draws the small ones
+(FastChat's identity set, the seed tasks, KTO) as often as Alpaca and GPTeacher, whose rows
+the held-out set is mostly made of. Balancing SFT data by source is the wrong default for a
+held-out set drawn from the natural mix; the runner's ``repeat`` / ``sample_weight`` help where
+the evaluation weighs the sources equally.
+
+Not run: (c) seeds 1-2, the untrained model at these settings, more seeds for the ablation,
+more steps (the leakage metric needs epochs).
 """
 
 from __future__ import annotations
