@@ -87,3 +87,13 @@ def test_an_alpaca_rejected_response_that_is_not_text_is_a_wrong_type() -> None:
     (it once rode along in meta unchecked when it was not a string)."""
     out = run([{"instruction": Q, "input": "", "output": GOOD, "rejected": 12}])
     assert out.kept.num_rows == 0 and out.rejected.column("reason").to_pylist() == ["wrong_type"]
+
+
+@pytest.mark.parametrize(("record", "named"), [
+    ({"prompt": Q, "chosen": None, "rejected": BAD}, "'chosen'"),
+    ({"prompt": Q}, "'completion' (or 'chosen')"),
+])
+def test_a_pair_without_its_chosen_response_names_that_field(record: dict, named: str) -> None:
+    out = run([record])
+    assert out.rejected.column("reason").to_pylist() == ["missing_assistant"]
+    assert named in out.rejected.column("detail")[0].as_py()
