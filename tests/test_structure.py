@@ -29,11 +29,15 @@ def test_module_sizes() -> None:
     sizes = {str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines())
              for p in (REPO / "dataguard").rglob("*.py")}
     assert len(sizes) > 100  # the walk found the package
-    for path, n in sorted(sizes.items()):
-        if n > MAX_MODULE_LINES:
-            warnings.warn(f"{path}: {n} lines (over {MAX_MODULE_LINES}): does it hold more than one job?",
-                          stacklevel=1)
-    assert {p: n for p, n in sizes.items() if n > HARD_MODULE_LINES} == {}
+    _size_rule(sizes, MAX_MODULE_LINES, HARD_MODULE_LINES)
+
+
+def _size_rule(sizes: dict[str, int], warn_over: int, fail_over: int) -> None:
+    """The one ladder for modules and classes: over ``warn_over`` lines warns, over ``fail_over`` fails."""
+    for where, n in sorted(sizes.items()):
+        if n > warn_over:
+            warnings.warn(f"{where}: {n} lines (over {warn_over}): does it hold more than one job?", stacklevel=2)
+    assert {w: n for w, n in sizes.items() if n > fail_over} == {}
 
 
 def test_class_sizes() -> None:
@@ -47,11 +51,7 @@ def test_class_sizes() -> None:
                 assert node.end_lineno is not None
                 sizes[f"{path.relative_to(REPO)}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
     assert len(sizes) > 100  # the walk found the classes
-    for where, n in sorted(sizes.items()):
-        if n > MAX_CLASS_LINES:
-            warnings.warn(f"{where}: {n} lines (over {MAX_CLASS_LINES}): does it hold more than one job?",
-                          stacklevel=1)
-    assert {w: n for w, n in sizes.items() if n > HARD_CLASS_LINES} == {}
+    _size_rule(sizes, MAX_CLASS_LINES, HARD_CLASS_LINES)
 
 
 def test_the_training_runner_loads_no_pipeline_stage() -> None:
