@@ -111,14 +111,14 @@ def train(data: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         "task": "dpo", "model": "smollm2-135m", "data": str(data), "output": str(out), "device": "cpu",
         "precision": "fp32", "threads": args.threads, "seed": args.seed, "max_steps": args.steps,
         "batch_size": args.batch_size, "lr": args.lr, "dpo_beta": args.beta, "max_length": args.max_length,
-        "eval_fraction": args.eval_fraction, "eval_every": args.steps, "save_every": args.steps,
+        "eval_fraction": args.eval_fraction, "eval_every": args.eval_every or args.steps, "save_every": args.steps,
         "lora": {"r": 8}, "tensorboard": False, "dynamics": False})
     t0 = time.perf_counter()
     Trainer(cfg, progress=False).fit()
     seconds = time.perf_counter() - t0
     evals = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in m]
     record = json.loads((out / "run.json").read_text())
-    return {"seconds": seconds, "eval": evals[-1], "val_pairs": record["val_examples"],
+    return {"seconds": seconds, "eval": evals[-1], "curve": evals, "val_pairs": record["val_examples"],
             "train_pairs": record["train_examples"], "dropped": record["dropped"]}
 
 
@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=384)
     parser.add_argument("--eval-fraction", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations "
+                        "(default: only at the end); each one is a row of the curve printed under the table")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -159,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         f"| length baseline, every held-out pair of the split (before the encoder drops any): the longer response is the chosen one | {longer / max(n_len, 1):.3f} ({longer}/{n_len}; "
         f"95% CI {blo:.2f}-{bhi:.2f}) |",
     ])
+    curve = [f"| {m['step']} | {m['eval_accuracy']:.3f} | {m['eval_loss']:.4f} | {m['eval_reward_margin']:+.4f} |"
+             for m in result["curve"]]
+    if len(curve) > 1:
+        table += "\n\n| step | reward accuracy | pair loss | margin |\n|---:|---:|---:|---:|\n" + "\n".join(curve)
     print(table)
     (RESULTS / "bench_dpo.md").write_text(f"# bench_dpo ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
                                           f"{table}\n")

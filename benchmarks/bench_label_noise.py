@@ -452,6 +452,54 @@ def part_banking(args: argparse.Namespace, embedder: Embedder) -> None:
                  "original labels"], acc_rows)
 
 
+def part_banking_dynamics(args: argparse.Namespace) -> None:
+    """banking77 flips found from a fine-tuned MiniLM's dynamics (see the docstring)."""
+    from dataguard.io.readers import InputSpec
+    from dataguard.pipeline import Pipeline
+    from dataguard.train.config import load_train_config
+    from dataguard.train.data import RunShards
+    from dataguard.train.loop import Trainer
+
+    tr_text, tr_lab = load_banking("train")
+    classes = sorted(set(tr_lab))
+    y = np.array([classes.index(c) for c in tr_lab])
+    rate = float(args.rates.split(",")[-1])
+    noisy, flipped = inject_class_conditional_noise(y, rate, len(classes), seed=0)
+    work = ROOT / "benchmarks" / "results" / f"banking_dynamics_{rate:.2f}"
+    data = work / "data"
+    if not (data / "manifest.json").is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        src = work / "banking77_noisy.jsonl"
+        src.write_text("".join(json.dumps({"text": t, "label": classes[n]}) + "\n"
+                               for t, n in zip(tr_text, noisy, strict=True)))
+        Pipeline([], workers=1).run([InputSpec(path=str(src), name="banking", format="labelled_text")], data)
+    run = Path(args.banking_run) if args.banking_run else work / f"run_{args.banking_epochs}ep"
+    t0 = time.time()
+    if not (run / "dynamics.arrow").is_file():
+        Trainer(load_train_config({
+            "task": "classify", "model": "minilm", "data": str(data), "output": str(run), "epochs":
+            args.banking_epochs, "batch_size": 32, "lr": 1e-4, "lr_multipliers": {"head": 10.0}, "max_length": 64,
+            "eval_fraction": 0.0, "logit_adjustment": False, "curriculum": False, "save_every": 10 ** 6,
+            "threads": args.threads, "tensorboard": False, "dynamics": True}), progress=False).fit()
+    secs = time.time() - t0
+    table = RunShards.open(data, task="classify").table
+    rows = []
+    budgets = [("learned cut", {})] + [(f"max_flagged {n}", {"max_flagged": n, "dynamics_cut": 100})
+                                       for n in (int(flipped.sum()), 2031)]
+    for score in ("aum", "cartography"):
+        for label, extra in budgets:
+            kept, _, _ = run_stage(NoiseStage(inputs="dynamics", dynamics=str(run), dynamics_score=score,
+                                              action="flag", **extra), table)
+            pos = np.array([int(str(i).rsplit(":", 1)[1]) for i in kept.column("id").to_pylist()])
+            issue = np.zeros(len(tr_text), bool)
+            issue[pos] = np.asarray(kept.column("is_label_issue").fill_null(False).to_pylist(), bool)
+            p, r, f1 = _prf(issue, flipped)
+            rows.append([score, label, int(flipped.sum()), int(issue.sum()), f"{p:.3f}", f"{r:.3f}", f"{f1:.3f}"])
+    print_table(f"banking77 train, {rate:.0%} class-conditional noise: flips found from the dynamics of {run} "
+                f"({args.banking_epochs} epochs; training {secs / 60:.0f} min)",
+                ["score", "cut", "flipped", "flagged", "precision", "recall", "F1"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache-dir", default=str(ROOT / "benchmarks" / "results" / "noise_cache"),
@@ -465,6 +513,8 @@ def main() -> None:
     ap.add_argument("--news-model", default="minilm", help="part news-dynamics: the model to fine-tune")
     ap.add_argument("--news-epochs", type=int, default=4)
     ap.add_argument("--news-run", help="part news-dynamics: a finished training run to read instead")
+    ap.add_argument("--banking-epochs", type=int, default=3, help="part banking-dynamics: MiniLM epochs")
+    ap.add_argument("--banking-run", help="part banking-dynamics: a finished training run to read instead")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     args.cache_dir = args.cache_dir or None
@@ -485,6 +535,8 @@ def main() -> None:
         part_lengths(args, embedder)
     if "news-dynamics" in parts:
         part_news_dynamics(args)
+    if "banking-dynamics" in parts:
+        part_banking_dynamics(args)
 
 
 if __name__ == "__main__":

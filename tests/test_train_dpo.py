@@ -1,8 +1,10 @@
 """Preference pairs and DPO as a third task: the real Trainer on the DPO demo's real pairs (the
 tiny causal LM with LoRA): the DPO objective fits the pairs it trains on, exact resume,
 convert, and the pairs it cannot use left out with a reason. The tiny LM is random, so it has
-no preference to carry to unseen pairs; `benchmarks/bench_dpo.py` measures the held-out reward
-accuracy with SmolLM2."""
+no preference of its own to carry to the demo's unseen pairs (`benchmarks/bench_dpo.py`
+measures that with SmolLM2); what it can show is that a preference planted in every pair is
+learned and carried to held-out pairs, which fails if either side, the sign or the
+reference is wrong."""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ from dataguard.pipeline import Pipeline
 from dataguard.train.config import load_train_config
 from dataguard.train.convert import convert_checkpoint
 from dataguard.train.data import RunShards, TrainDataError
+from dataguard.train.data.encode import encode_sft
+from dataguard.train.data.pair_window import fit_pair, response_start
 from dataguard.train.loop import Trainer
 from dataguard.train.model.tiny import tiny_tokenizer
+from dataguard.train.optim.losses import IGNORE_INDEX
 from dataguard.train.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,12 +91,77 @@ def test_dpo_fits_its_training_pairs_resumes_exactly_and_converts(few_pair_shard
     assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
-def test_pairs_the_encoder_cannot_use_are_counted(pair_shards):
-    """Rows whose prompt fills max_length leave no response token on one side: counted, not lost."""
+BOILERPLATE = "As an AI language model, I cannot help with that. "
+
+
+def test_a_planted_preference_carries_to_held_out_pairs(tmp_path):
+    """The demo's prompts and chosen answers; every rejected answer is the chosen one after a
+    refusal boilerplate. Trained on 3/4 of the pairs, the model must rank the held-out quarter
+    right: the reward accuracy starts at 0 (policy == reference, no margin) and must end near 1."""
+    rows = json.loads(PAIRS.read_text(encoding="utf-8"))[:80]
+    for row in rows:
+        row["rejected"] = {"from": "gpt", "value": BOILERPLATE + row["chosen"]["value"]}
+    (tmp_path / "pairs.json").write_text(json.dumps(rows))
+    Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "pairs.json"))], tmp_path / "out")
+    run = tmp_path / "run"
+    Trainer(_cfg(tmp_path / "out", run, max_length=384, eval_fraction=0.25, max_steps=24, eval_every=12,
+                 save_every=24), progress=False).fit()
+    record = json.loads((run / "run.json").read_text())
+    assert record["val_examples"] == 20  # held out: never in a training batch
+    evals = _metrics(run, "eval_loss")
+    assert [e["step"] for e in evals] == [12, 24]
+    final = evals[-1]
+    assert final["eval_accuracy"] >= 0.9 and final["eval_reward_margin"] > 0
+    assert final["eval_reward_rejected"] < 0 < final["eval_reward_margin"]  # the boilerplate made less likely
+    assert final["eval_loss"] < evals[0]["eval_loss"] < math.log(2)
+
+
+def test_long_pairs_keep_their_response_and_lose_the_start_of_their_prompt(pair_shards):
+    """At 1024 byte tokens many demo prompts fill the window. Cutting those pairs at their end,
+    as SFT cuts a row, would leave no response token and a margin of zero; each keeps its
+    response instead, after the last tokens of its prompt, the same on both sides."""
     table = RunShards.open(pair_shards).table
     every = get_task("dpo").encode(table, tiny_tokenizer(), max_length=1024, label_map=None, allow_empty=False)
-    assert len(every) + sum(every.dropped.values()) == table.num_rows == 160
-    assert every.dropped["chosen_no_assistant_tokens_after_truncation"] > 0
+    assert len(every) == table.num_rows == 160 and every.dropped == {}
+    whole = get_task("dpo").encode(table, tiny_tokenizer(), max_length=None, label_map=None, allow_empty=False)
+    cut = 0
+    for i in range(len(every)):
+        c_ids, c_labels = every.chosen.input_ids[i], every.chosen.labels[i]
+        r_ids, r_labels = every.rejected.input_ids[i], every.rejected.labels[i]
+        start = response_start(c_labels)
+        assert max(len(c_ids), len(r_ids)) <= 1024
+        assert start == response_start(r_labels) and c_ids[:start] == r_ids[:start]  # one context, both sides
+        assert 0 < start and start < len(c_ids) and start < len(r_ids)  # a response token on each side
+        full = whole.chosen.input_ids[i]
+        full_start = response_start(whole.chosen.labels[i])
+        if len(full) > 1024 or len(whole.rejected.input_ids[i]) > 1024:
+            cut += 1
+            # the prompt's end and the response's start, exactly as rendered
+            assert c_ids == full[full_start - start:full_start - start + len(c_ids)]
+            assert start >= min(full_start, 512)  # a long answer never leaves under half the window of prompt
+        else:
+            assert c_ids == full
+    assert cut > 20
+    # only the final response is scored: the conversation's earlier assistant turns are shared context
+    sft = encode_sft(table, tiny_tokenizer(), None)
+    scored = {r: sum(x != IGNORE_INDEX for x in lab) for r, lab in zip(sft.row_ids, sft.labels, strict=True)}
+    multi = [str(r["id"]) for r in table.select(["id", "messages"]).to_pylist()
+             if sum(m["role"] == "assistant" for m in r["messages"]) > 1]
+    assert len(multi) > 10
+    for row_id in multi:
+        labels = whole.chosen.labels[whole.row_ids.index(row_id)]
+        n = sum(x != IGNORE_INDEX for x in labels)
+        assert 0 < n < scored[row_id] and all(x != IGNORE_INDEX for x in labels[response_start(labels):])
+
+
+def test_a_pair_whose_prompts_render_differently_keeps_its_start():
+    ids = list(range(10))
+    labels = [IGNORE_INDEX] * 6 + ids[6:]
+    other = ids[:5] + [99] + ids[6:]
+    assert fit_pair((ids, labels), (other, labels), 8) is None
+    window = fit_pair((ids, labels), (ids + [10, 11], labels + [10, 11]), 8)
+    assert window is not None and window.prompt_cut == 2 and window.chosen_ids == ids[2:]  # 4 prompt + 4 response
+    assert window.rejected_ids == ids[2:] and window.rejected_labels[4:] == [6, 7, 8, 9]
 
 
 def test_unusable_pairs_are_left_out_with_a_reason(tmp_path):

@@ -132,11 +132,15 @@ def _token_labels_slow(tokenizer: Any, text: str, spans: list[tuple[int, int]]) 
 
 
 def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
-               packing: bool = False, allow_empty: bool = False) -> Encoded:
+               packing: bool = False, allow_empty: bool = False, final_turn_only: bool = False) -> Encoded:
     """Rows' ``messages`` -> token ids with the tokenizer's own chat template; loss only on
     assistant tokens; the start is kept when a row is longer than ``max_length``. Rows left
     without an assistant token, or that the template refuses even with the system turns
-    folded into the first user turn, are dropped and counted in ``Encoded.dropped``."""
+    folded into the first user turn, are dropped and counted in ``Encoded.dropped``.
+
+    ``final_turn_only`` labels only the last assistant turn (a preference pair's response):
+    the earlier assistant turns are context both sides share, and a row whose last turn the
+    cut at ``max_length`` removed is dropped even if earlier assistant turns survived it."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TrainDataError("the tokenizer has no chat template; SFT needs one to render conversations")
     weights, repeat, ids_all = row_weights(table), row_repeat(table), _ids(table)
@@ -162,7 +166,7 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
             dropped["template_not_prefix_stable"] += 1
             continue
         folded += was_folded
-        rendered.append((i, text, spans))
+        rendered.append((i, text, spans[-1:] if final_turn_only else spans))
     tokens = _token_labels_batch(tokenizer, [t for _, t, _ in rendered], [s for _, _, s in rendered])
     for (i, _, _), (ids, labels) in zip(rendered, tokens, strict=True):
         if max_length is not None and len(ids) > max_length:

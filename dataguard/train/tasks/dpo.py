@@ -4,7 +4,12 @@ A pair is a row whose final assistant turn is the chosen response and whose ``me
 the rejected one (``meta["rejected"]``: where the normaliser keeps it for ShareGPT's DPO
 shape, TRL's ``prompt``/``chosen``/``rejected`` columns and ``messages`` + ``rejected``).
 Both responses are rendered after the same prompt with the tokenizer's chat template and
-scored on their assistant tokens only, as SFT scores them.
+scored on the final assistant turn's tokens only (`encode_sft`'s ``final_turn_only``).
+Earlier assistant turns are context both sides share: scoring them adds nothing to the
+margin. A pair longer than ``max_length`` keeps its response and loses the start of its
+prompt, the same cut on both sides (`pair_window`); SFT's keep-the-start cut left a third of
+the demo's pairs at 256 tokens with no response token, a margin of zero, counted as a wrong
+ranking.
 
 The reference model is the base with the LoRA adapter switched off (peft's
 ``disable_adapter``), so it costs no second copy of the weights and is the same model on
@@ -18,6 +23,7 @@ whose chosen reward is higher) and the mean chosen / rejected rewards and their 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -33,11 +39,14 @@ import torch.nn.functional as F
 from dataguard.records import rejected_of
 from dataguard.train.data.encode import encode_sft
 from dataguard.train.data.encoded import Encoded
+from dataguard.train.data.pair_window import PairWindow, fit_pair
 from dataguard.train.errors import TrainDataError, TrainError
 from dataguard.train.optim.forward import ForwardOut
 from dataguard.train.optim.losses import IGNORE_INDEX, causal_lm_loss_per_row, normalised_share
 from dataguard.train.tasks.base import EvalTally, LossSettings, Task
 from dataguard.train.tasks.sft import SFTTask
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -141,7 +150,8 @@ class DPOTask(Task):
                 keep.append(i)
                 rejected_turns.append([*turns[:-1], {"role": "assistant", "content": rejected}])
         kept = table.take(pa.array(keep, pa.int64()))
-        chosen = encode_sft(kept, tokenizer, max_length, allow_empty=True)
+        # both sides whole first: the window is fitted per pair (`pair_window`), the same for both
+        chosen = encode_sft(kept, tokenizer, None, allow_empty=True, final_turn_only=True)
         # the rejected side of the pairs whose chosen side encoded: each lost pair counted once
         ids = [str(x) for x in kept.column("id").to_pylist()]
         survived = set(chosen.row_ids)
@@ -149,13 +159,18 @@ class DPOTask(Task):
         kept = kept.take(pa.array(still, pa.int64()))
         swapped = kept.set_column(kept.schema.get_field_index("messages"), "messages",
                                   pa.array([rejected_turns[i] for i in still], type=kept.schema.field("messages").type))
-        rejected_enc = encode_sft(swapped, tokenizer, max_length, allow_empty=True)
+        rejected_enc = encode_sft(swapped, tokenizer, None, allow_empty=True, final_turn_only=True)
         for side, enc in (("chosen", chosen), ("rejected", rejected_enc)):
             for reason, n in enc.dropped.items():
                 dropped[f"{side}_{reason}"] += n
         both = set(rejected_enc.row_ids)
-        pairs = PairEncoded(_subset(chosen, both), _subset(rejected_enc, both), dict(dropped),
-                            folded_system=chosen.folded_system)
+        chosen, rejected_enc = _subset(chosen, both), _subset(rejected_enc, both)
+        if max_length is not None:
+            chosen, rejected_enc, cut = _fit_windows(chosen, rejected_enc, max_length, dropped)
+            if cut:
+                log.info("dpo: %d pairs longer than max_length %d kept their response and lost the start of "
+                         "their prompt", cut, max_length)
+        pairs = PairEncoded(chosen, rejected_enc, dict(dropped), folded_system=chosen.folded_system)
         if not len(pairs) and not allow_empty:
             raise TrainDataError(f"no preference pair left to train on (dropped: {dict(dropped)})")
         return pairs
@@ -215,6 +230,40 @@ def _reference(model: Any) -> Iterator[None]:
         yield
 
 
+
+
+def _fit_windows(chosen: Encoded, rejected: Encoded, max_length: int,
+                 dropped: Counter[str]) -> tuple[Encoded, Encoded, int]:
+    """Both sides fitted into ``max_length`` (`fit_pair`); a pair whose two prompts render
+    differently keeps its start instead, and is dropped when that leaves a side no response
+    token (``{side}_no_assistant_tokens_after_truncation``). Returns the pairs and how many
+    lost the start of their prompt."""
+    keep: list[int] = []
+    c_ids, c_labels, r_ids, r_labels = [], [], [], []
+    cut = 0
+    for i in range(len(chosen)):
+        c = (list(chosen.input_ids[i]), list(chosen.labels[i]))  # type: ignore[arg-type]
+        r = (list(rejected.input_ids[i]), list(rejected.labels[i]))  # type: ignore[arg-type]
+        window = fit_pair(c, r, max_length)
+        if window is None:  # keep-start, as SFT cuts a row
+            window = PairWindow(c[0][:max_length], c[1][:max_length], r[0][:max_length], r[1][:max_length], 0)
+        lost = [side for side, labels in (("chosen", window.chosen_labels), ("rejected", window.rejected_labels))
+                if labels[1:].count(IGNORE_INDEX) == len(labels) - 1]
+        if lost:
+            dropped[f"{lost[0]}_no_assistant_tokens_after_truncation"] += 1
+            continue
+        keep.append(i)
+        cut += window.prompt_cut > 0
+        c_ids.append(window.chosen_ids)
+        c_labels.append(window.chosen_labels)
+        r_ids.append(window.rejected_ids)
+        r_labels.append(window.rejected_labels)
+    out = []
+    for enc, ids, labels in ((chosen, c_ids, c_labels), (rejected, r_ids, r_labels)):
+        repeat = enc.repeat if enc.repeat is not None else np.ones(len(enc), dtype=np.int64)
+        out.append(Encoded(input_ids=ids, labels=labels, row_ids=[enc.row_ids[i] for i in keep],
+                           weights=enc.weights[keep], repeat=repeat[keep], folded_system=enc.folded_system))
+    return out[0], out[1], cut
 
 
 def _subset(enc: Encoded, row_ids: set[str]) -> Encoded:
