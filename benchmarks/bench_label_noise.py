@@ -38,6 +38,13 @@ news-dynamics  (issue #27) the same 82 errors from a fine-tuned model's training
          and found / flagged with the learned cut and with ``max_flagged: 151``.
          ``--news-run RUN`` reuses a finished run (e.g. one trained on a GPU). Not run here
          (2 shared CPU cores: about 900 MiniLM steps of 32 x 256 tokens).
+banking-dynamics  (issue #27) banking77 train with the last ``--rates`` noise (default 20%, the
+         same seeded class-conditional flips as part banking) through an empty pipeline (ids
+         ``banking:<row>``), MiniLM fine-tuned on all of it with dynamics on (``--banking-epochs``,
+         default 3; batch 32, lr 1e-4, head x10, max_length 64, eval_fraction 0), then the noise
+         stage's ``inputs: dynamics`` by AUM and by confidence: precision / recall / F1 of the
+         flags with the learned cut, at the number of flipped rows, and at the CV stage's 2,031
+         flags (part banking's auto detector). ``--banking-run RUN`` reuses a finished run.
 lengths  Where ``features: auto`` switches: 20NG posts cut to their Subject + first N words
          (``--length-cuts``, default 16,32), hits@151 for tfidf / embedding / ensemble.
 

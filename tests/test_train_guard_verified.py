@@ -187,6 +187,19 @@ def test_an_eval_within_the_band_verifies_sooner_and_one_outside_does_not():
     assert guard.snapshots.after_eval(3.2, best=3.0).step == 10
 
 
+def test_each_state_is_reported_verified_once(clean):
+    """A snapshot taken at an evaluation step is verified by that evaluation, and the state the
+    evaluation measured is that same snapshot: one event, not two."""
+    verified = [e for e in _events(clean.run_dir) if e["kind"] == "verified"]
+    states = [int(e["detail"].split("state of step ")[1].split(" ")[0]) for e in verified]
+    assert any(e["cause"] == "eval" for e in verified) and len(states) == len(set(states)), verified
+    guard, model, opt = _guard()
+    parts = Trainables(model, opt, None)
+    guard.snapshots.take(10, parts)
+    assert guard.snapshots.after_eval(3.0, best=3.0).step == 10
+    assert guard.snapshots.verify_current(10, parts) is None and guard.snapshots.target.step == 10
+
+
 def test_a_state_over_the_bound_or_not_finite_is_never_a_snapshot():
     guard, model, opt = _guard()
     with torch.no_grad():

@@ -88,7 +88,11 @@ class Snapshots:
         return math.isfinite(eval_loss) and (best is None or eval_loss <= best * (1.0 + float(self.k["worse_than_best"])))
 
     def verify_current(self, step: int, parts: Trainables) -> Snapshot | None:
-        """The state an evaluation just measured in band, after a clean step: verified now."""
+        """The state an evaluation just measured in band, after a clean step: verified now
+        (None when it already is the target: `after_eval` verified it a moment ago, and one
+        state is reported verified once)."""
+        if self.target is not None and self.target.step == step:
+            return None
         held = next((p for p in self.pending if p.step == step), None)
         if held is not None:
             return self._verify(held)

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from dataguard.records import rejected_of
 from dataguard.train.data.encode import encode_sft
 from dataguard.train.data.encoded import Encoded
-from dataguard.train.data.pair_window import PairWindow, fit_pair
+from dataguard.train.data.pair_window import fit_windows
 from dataguard.train.errors import TrainDataError, TrainError
 from dataguard.train.optim.forward import ForwardOut
 from dataguard.train.optim.losses import IGNORE_INDEX, causal_lm_loss_per_row, normalised_share
@@ -166,7 +166,7 @@ class DPOTask(Task):
         both = set(rejected_enc.row_ids)
         chosen, rejected_enc = _subset(chosen, both), _subset(rejected_enc, both)
         if max_length is not None:
-            chosen, rejected_enc, cut = _fit_windows(chosen, rejected_enc, max_length, dropped)
+            chosen, rejected_enc, cut = fit_windows(chosen, rejected_enc, max_length, dropped)
             if cut:
                 log.info("dpo: %d pairs longer than max_length %d kept their response and lost the start of "
                          "their prompt", cut, max_length)
@@ -230,40 +230,6 @@ def _reference(model: Any) -> Iterator[None]:
         yield
 
 
-
-
-def _fit_windows(chosen: Encoded, rejected: Encoded, max_length: int,
-                 dropped: Counter[str]) -> tuple[Encoded, Encoded, int]:
-    """Both sides fitted into ``max_length`` (`fit_pair`); a pair whose two prompts render
-    differently keeps its start instead, and is dropped when that leaves a side no response
-    token (``{side}_no_assistant_tokens_after_truncation``). Returns the pairs and how many
-    lost the start of their prompt."""
-    keep: list[int] = []
-    c_ids, c_labels, r_ids, r_labels = [], [], [], []
-    cut = 0
-    for i in range(len(chosen)):
-        c = (list(chosen.input_ids[i]), list(chosen.labels[i]))  # type: ignore[arg-type]
-        r = (list(rejected.input_ids[i]), list(rejected.labels[i]))  # type: ignore[arg-type]
-        window = fit_pair(c, r, max_length)
-        if window is None:  # keep-start, as SFT cuts a row
-            window = PairWindow(c[0][:max_length], c[1][:max_length], r[0][:max_length], r[1][:max_length], 0)
-        lost = [side for side, labels in (("chosen", window.chosen_labels), ("rejected", window.rejected_labels))
-                if labels[1:].count(IGNORE_INDEX) == len(labels) - 1]
-        if lost:
-            dropped[f"{lost[0]}_no_assistant_tokens_after_truncation"] += 1
-            continue
-        keep.append(i)
-        cut += window.prompt_cut > 0
-        c_ids.append(window.chosen_ids)
-        c_labels.append(window.chosen_labels)
-        r_ids.append(window.rejected_ids)
-        r_labels.append(window.rejected_labels)
-    out = []
-    for enc, ids, labels in ((chosen, c_ids, c_labels), (rejected, r_ids, r_labels)):
-        repeat = enc.repeat if enc.repeat is not None else np.ones(len(enc), dtype=np.int64)
-        out.append(Encoded(input_ids=ids, labels=labels, row_ids=[enc.row_ids[i] for i in keep],
-                           weights=enc.weights[keep], repeat=repeat[keep], folded_system=enc.folded_system))
-    return out[0], out[1], cut
 
 
 def _subset(enc: Encoded, row_ids: set[str]) -> Encoded:
