@@ -36,6 +36,10 @@ epochs of 4-pair steps, 60.7 min on 2 quiet cores, seed 0):
 | 100 (2) | 0.647 (44/68) | 0.7228 | +0.6976 |
 | 150 (3) | 0.647 (44/68) | 0.7530 | +0.7102 |
 
+A second seed (another split and LoRA init; ``--steps 50 --seed 1 --threads 1``: one epoch,
+its cosine schedule over 50 steps, 45.5 min on one core shared with CI) gives 0.618 (42/68;
+95% CI 0.50-0.72), pair loss 0.6362, margin +0.148, beside a length baseline of 0.426.
+
 The preference carries to unseen pairs: the 95% interval clears 0.5 from the second epoch,
 and it is not length (the longer response is the chosen one in only 37% of the held-out
 pairs, so a length-only model would score below chance). From the second epoch on the
