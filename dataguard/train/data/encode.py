@@ -131,6 +131,11 @@ def _token_labels_slow(tokenizer: Any, text: str, spans: list[tuple[int, int]]) 
     return ids, labels
 
 
+def scores_a_token(labels: list[int]) -> bool:
+    """Whether a row keeps a token to learn from: label 0 is never predicted (shift by one)."""
+    return labels[1:].count(IGNORE_INDEX) < len(labels) - 1
+
+
 def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
                packing: bool = False, allow_empty: bool = False, final_turn_only: bool = False) -> Encoded:
     """Rows' ``messages`` -> token ids with the tokenizer's own chat template; loss only on
@@ -171,7 +176,7 @@ def encode_sft(table: pa.Table, tokenizer: Any, max_length: int | None, *,
     for (i, _, _), (ids, labels) in zip(rendered, tokens, strict=True):
         if max_length is not None and len(ids) > max_length:
             ids, labels = ids[:max_length], labels[:max_length]
-        if labels[1:].count(IGNORE_INDEX) == len(labels) - 1:  # label 0 is never predicted (shift by one)
+        if not scores_a_token(labels):
             dropped["no_assistant_tokens_after_truncation"] += 1
             continue
         out_ids.append(ids)

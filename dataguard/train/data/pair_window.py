@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
+from dataguard.train.data.encode import scores_a_token
 from dataguard.train.data.encoded import Encoded
 from dataguard.train.optim.losses import IGNORE_INDEX
 
@@ -73,7 +72,7 @@ def fit_windows(chosen: Encoded, rejected: Encoded, max_length: int,
         if window is None:  # keep-start, as SFT cuts a row
             window = PairWindow(c[0][:max_length], c[1][:max_length], r[0][:max_length], r[1][:max_length], 0)
         lost = [side for side, labels in (("chosen", window.chosen_labels), ("rejected", window.rejected_labels))
-                if labels[1:].count(IGNORE_INDEX) == len(labels) - 1]
+                if not scores_a_token(labels)]
         if lost:
             dropped[f"{lost[0]}_no_assistant_tokens_after_truncation"] += 1
             continue
@@ -85,7 +84,7 @@ def fit_windows(chosen: Encoded, rejected: Encoded, max_length: int,
         r_labels.append(window.rejected_labels)
     out = []
     for enc, ids, labels in ((chosen, c_ids, c_labels), (rejected, r_ids, r_labels)):
-        repeat = enc.repeat if enc.repeat is not None else np.ones(len(enc), dtype=np.int64)
+        assert enc.repeat is not None  # Encoded.__post_init__ fills it
         out.append(Encoded(input_ids=ids, labels=labels, row_ids=[enc.row_ids[i] for i in keep],
-                           weights=enc.weights[keep], repeat=repeat[keep], folded_system=enc.folded_system))
+                           weights=enc.weights[keep], repeat=enc.repeat[keep], folded_system=enc.folded_system))
     return out[0], out[1], cut
