@@ -28,6 +28,11 @@ lr 2e-4, batch 8, ``--swap-epochs`` epochs, max_length 256) trains on all rows w
 on; then the ``noise`` stage's ``hard_to_fit`` flags (late mean assistant-token loss) against
 the consistency stage's lowest scores, recall of the swapped rows at the same number of flags.
 
+``--threshold``: the threshold rows of Pleiss et al. (``threshold_rows: 1`` and ``2``, two runs
+of arm (a) as ``--detect`` trains it, each with a disjoint ``1/(c+1)`` of the rows under a fake
+class): flags with the cut they learn (their 99th percentile AUM), from run 1 alone and from
+both runs together, beside ``--detect``'s plain run with the mixture cut when it is there.
+
 ``--arm-e``: (e) = arm (c) after one round of the loop: (c)'s pipeline plus ``noise: {inputs:
 dynamics, dynamics: RUN_c, action: drop}`` on (c)'s own training run (per seed), retrained
 with (c)'s settings; balanced accuracy on the clean test split beside (c) (``--seeds``).
@@ -227,6 +232,45 @@ def detect(ns: argparse.Namespace) -> None:
     (RESULTS / "detect.json").write_text(json.dumps(rows, indent=1))
 
 
+def threshold(ns: argparse.Namespace) -> None:
+    """Pleiss et al.'s threshold rows against the mixture cut, on --detect's data and run."""
+    csv_path, texts, noisy, clean = corrupted_csv()
+    data, _, _ = bt.run_pipeline("a", csv_path)
+    from dataguard.train.data import RunShards
+
+    table = RunShards.open(data, task="classify").table
+    ids = table.column("id").to_pylist()
+    pos = [int(str(i).rsplit(":", 1)[1]) for i in ids]
+    flipped = {i for i, p in zip(ids, pos, strict=True) if noisy[p] != clean[p]}
+    runs = []
+    for part in (1, 2):
+        run = RESULTS / f"threshold_run_a_seed0_part{part}"
+        if not (run / "dynamics.arrow").is_file() or not ns.reuse:
+            t0 = time.perf_counter()
+            train_run("a", data, run, 0, ns, dynamics=True, dynamics_pass="train", threshold_rows=part)
+            print(f"trained arm (a) with threshold rows, set {part}, in {time.perf_counter() - t0:.0f} s")
+        runs.append(str(run))
+    plain = RESULTS / "detect_run_a_seed0"
+    rows: dict[str, dict[str, Any]] = {}
+    for protect in (5, 0):
+        tag = "" if protect else ", ``min_rows_per_class: 0``"
+        if (plain / "dynamics.arrow").is_file():
+            rows[f"plain run, mixture cut (default){tag}"] = _scores(
+                flags_of(data, inputs="dynamics", dynamics=str(plain), min_rows_per_class=protect), flipped)
+        rows[f"threshold run 1 only, threshold-row cut{tag}"] = _scores(
+            flags_of(data, inputs="dynamics", dynamics=runs[0], min_rows_per_class=protect), flipped)
+        both = _scores(flags_of(data, inputs="dynamics", dynamics=runs, min_rows_per_class=protect), flipped)
+        rows[f"threshold runs 1 + 2, threshold-row cut{tag}"] = both
+        rows[f"threshold runs 1 + 2, worst {len(flipped)}{tag}"] = _scores(
+            flags_of(data, inputs="dynamics", dynamics=runs, min_rows_per_class=protect, dynamics_cut=100.0,
+                     max_flagged=len(flipped)), flipped)
+    print(f"\n{len(ids)} rows, {len(flipped)} flipped labels\n")
+    print("| flags from | flags | flipped found | precision | recall | F1 |\n|---|---:|---:|---:|---:|---:|")
+    for name, sc in rows.items():
+        print(f"| {name} | {sc['flags']} | {sc['true']} | {sc['precision']} | {sc['recall']} | {sc['f1']} |")
+    (RESULTS / "threshold.json").write_text(json.dumps(rows, indent=1))
+
+
 def arm_e(ns: argparse.Namespace) -> None:
     import yaml
 
@@ -314,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead", action="store_true")
     parser.add_argument("--detect", action="store_true")
     parser.add_argument("--arm-e", action="store_true")
+    parser.add_argument("--threshold", action="store_true")
     parser.add_argument("--swapped", action="store_true")
     parser.add_argument("--swap-rows", type=int, default=400)
     parser.add_argument("--swap-epochs", type=int, default=2)
@@ -333,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         overhead(ns)
     if ns.detect:
         detect(ns)
+    if ns.threshold:
+        threshold(ns)
     if ns.arm_e:
         arm_e(ns)
     if ns.swapped:

@@ -45,6 +45,9 @@ banking-dynamics  (issue #27) banking77 train with the last ``--rates`` noise (d
          stage's ``inputs: dynamics`` by AUM and by confidence: precision / recall / F1 of the
          flags with the learned cut, at the number of flipped rows, and at the CV stage's 2,031
          flags (part banking's auto detector). ``--banking-run RUN`` reuses a finished run.
+         ``--banking-threshold`` also trains the two runs of Pleiss et al.'s threshold rows
+         (``threshold_rows: 1`` and ``2``, same settings) and reports the flags from both together
+         with the cut their fake-class rows learn.
 lengths  Where ``features: auto`` switches: 20NG posts cut to their Subject + first N words
          (``--length-cuts``, default 16,32), hits@151 for tfidf / embedding / ensemble.
 
@@ -501,27 +504,35 @@ def part_banking_dynamics(args: argparse.Namespace) -> None:
                                for t, n in zip(tr_text, noisy, strict=True)))
         Pipeline([], workers=1).run([InputSpec(path=str(src), name="banking", format="labelled_text")], data)
     run = Path(args.banking_run) if args.banking_run else work / f"run_{args.banking_epochs}ep"
+    parts = (0, 1, 2) if args.banking_threshold else (0,)
     t0 = time.time()
-    if not (run / "dynamics.arrow").is_file():
-        Trainer(load_train_config({
-            "task": "classify", "model": "minilm", "data": str(data), "output": str(run), "epochs":
-            args.banking_epochs, "batch_size": 32, "lr": 1e-4, "lr_multipliers": {"head": 10.0}, "max_length": 64,
-            "eval_fraction": 0.0, "logit_adjustment": False, "curriculum": False, "save_every": 10 ** 6,
-            "threads": args.threads, "tensorboard": False, "dynamics": True}), progress=False).fit()
+    for part in parts:  # 0: the plain run; 1, 2: Pleiss et al.'s threshold rows, two disjoint sets
+        out = run if part == 0 else work / f"run_{args.banking_epochs}ep_threshold{part}"
+        if not (out / "dynamics.arrow").is_file():
+            Trainer(load_train_config({
+                "task": "classify", "model": "minilm", "data": str(data), "output": str(out), "epochs":
+                args.banking_epochs, "batch_size": 32, "lr": 1e-4, "lr_multipliers": {"head": 10.0}, "max_length": 64,
+                "eval_fraction": 0.0, "logit_adjustment": False, "curriculum": False, "save_every": 10 ** 6,
+                "threads": args.threads, "tensorboard": False, "dynamics": True, "threshold_rows": part}),
+                progress=False).fit()
     secs = time.time() - t0
     table = RunShards.open(data, task="classify").table
     rows = []
     budgets = [("learned cut", {})] + [(f"max_flagged {n}", {"max_flagged": n, "dynamics_cut": 100})
                                        for n in (int(flipped.sum()), 2031)]
-    for score in ("aum", "cartography"):
+    sources: list[tuple[str, str | list[str]]] = [("", str(run))]
+    if args.banking_threshold:
+        sources.append((" (threshold runs 1+2)", [str(work / f"run_{args.banking_epochs}ep_threshold{p}")
+                                                  for p in (1, 2)]))
+    for score, (tag, dynamics) in [(sc, src) for src in sources for sc in ("aum", "cartography")]:
         for label, extra in budgets:
-            kept, _, _ = run_stage(NoiseStage(inputs="dynamics", dynamics=str(run), dynamics_score=score,
+            kept, _, _ = run_stage(NoiseStage(inputs="dynamics", dynamics=dynamics, dynamics_score=score,
                                               action="flag", **extra), table)
             pos = np.array([int(str(i).rsplit(":", 1)[1]) for i in kept.column("id").to_pylist()])
             issue = np.zeros(len(tr_text), bool)
             issue[pos] = np.asarray(kept.column("is_label_issue").fill_null(False).to_pylist(), bool)
             p, r, f1 = _prf(issue, flipped)
-            rows.append([score, label, int(flipped.sum()), int(issue.sum()), f"{p:.3f}", f"{r:.3f}", f"{f1:.3f}"])
+            rows.append([score + tag, label, int(flipped.sum()), int(issue.sum()), f"{p:.3f}", f"{r:.3f}", f"{f1:.3f}"])
     print_table(f"banking77 train, {rate:.0%} class-conditional noise: flips found from the dynamics of {run} "
                 f"({args.banking_epochs} epochs; training {secs / 60:.0f} min)",
                 ["score", "cut", "flipped", "flagged", "precision", "recall", "F1"], rows)
@@ -542,6 +553,8 @@ def main() -> None:
     ap.add_argument("--news-run", help="part news-dynamics: a finished training run to read instead")
     ap.add_argument("--banking-epochs", type=int, default=3, help="part banking-dynamics: MiniLM epochs")
     ap.add_argument("--banking-run", help="part banking-dynamics: a finished training run to read instead")
+    ap.add_argument("--banking-threshold", action="store_true",
+                    help="part banking-dynamics: also two runs with threshold rows (sets 1 and 2) and their cut")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     args.cache_dir = args.cache_dir or None

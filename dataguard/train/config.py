@@ -78,6 +78,7 @@ class TrainConfig:
     # training dynamics per row, RUN/dynamics.arrow (issue #27; dataguard/train/dynamics*.py)
     dynamics: bool = True
     dynamics_pass: str = "auto"  # auto | train (the step's own forward) | eval (an extra pass per evaluation)
+    threshold_rows: int = 0  # classify: 1 or 2 trains that set of rows under a fake class (Pleiss et al.)
     dpo_beta: float = 0.1  # task dpo: the temperature of the preference loss (TRL's beta)
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,6 +134,7 @@ CONSTRAINTS: dict[str, Allowed] = {
     "faults": [ListOf(C.FAULT), None],  # null: none (an empty `faults:` with its items commented out)
     "dynamics": FLAG,
     "dynamics_pass": [Options("auto", "train", "eval")],
+    "threshold_rows": [C.count(0, 2)],
     "dpo_beta": [C.POSITIVE],
 }
 REQUIRED = ("task", "model", "data")
@@ -221,6 +223,12 @@ def load_train_config(source: str | Path | dict[str, Any], *,
                                                  "adapters' base layers under peft); use bf16 with LoRA")
     if checked.get("packing") and checked["task"] not in PACKING_TASKS:
         raise loc.error(prefix + ("packing",), f"packing applies to task {', '.join(sorted(PACKING_TASKS))} only")
+    if checked.get("threshold_rows"):
+        if checked["task"] != "classify":
+            raise loc.error(prefix + ("threshold_rows",), "applies to task classify only (the rows get a fake class)")
+        if checked.get("dynamics") is False:
+            raise loc.error(prefix + ("threshold_rows",), "needs dynamics: true (the rows' AUM is what it learns "
+                                                         "the cut from)")
     _check_manifest(checked["data"])
     return TrainConfig(**checked)
 

@@ -19,6 +19,7 @@ from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import Encoded, LabelMap, RunShards, curriculum_schedule, curriculum_unit, run_split
 from dataguard.train.data.sampler import CurriculumSampler, steps_per_epoch
+from dataguard.train.data.threshold_rows import THRESHOLD_CLASS, add_threshold_class, relabel_threshold_rows
 from dataguard.train.data.token_cache import FOLDER as TOKEN_CACHE
 from dataguard.train.errors import TrainError
 from dataguard.train.model.base_dtype import base_dtype, quantization_config
@@ -132,6 +133,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         label_map = LabelMap.from_run(run.table, run.training)
         if latest is not None and resume and (latest / "label_map.json").is_file():
             label_map = LabelMap.load(latest / "label_map.json")
+        if cfg.threshold_rows:
+            label_map = add_threshold_class(label_map)
     model, tokenizer = load_model(cfg.task, cfg.model, label_map=label_map, dtype=base_dtype(cfg.precision, cfg.lora),
                                   quantization=quantization_config(cfg.lora))
     lora_record = None
@@ -149,6 +152,13 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     enc, val, max_length = encode_split(
         cfg, run, tokenizer, label_map, train_idx, val_idx, warn, cache_dir=run_dir / TOKEN_CACHE, note=echo,
         context=getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    if cfg.threshold_rows and label_map is not None:
+        fake = relabel_threshold_rows(enc, label_map, cfg.threshold_rows, cfg.seed)
+        line = (f"threshold rows (set {cfg.threshold_rows}): {len(fake):,} of {len(enc):,} training rows train as "
+                f"class {THRESHOLD_CLASS}, so the dynamics learn the noise stage's cut; a diagnostic run, its "
+                "head has one extra output")
+        echo(line)
+        notes.append(line)
     per_epoch = steps_per_epoch(int(np.sum(enc.repeat)), cfg.batch_size, cfg.grad_accum)
     total = cfg.max_steps or per_epoch * cfg.epochs
     # a schedule in epochs counts the epochs the run will actually make (max_steps wins)

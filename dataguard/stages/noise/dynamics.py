@@ -10,14 +10,17 @@ Two per-row scores come from it, averaged over the passes:
   mean gold probability; its region "hard to learn" (low confidence, low variability) is
   where their mislabelled rows sit. Variability (the std over passes) is reported too.
 
-The cut (``dynamics_cut: auto``) is learned, not guessed: a two-component Gaussian mixture on
-the score, flagging the rows the lower component owns (posterior > 0.5, below the upper
-component's mean). Pleiss et al. learn the cut from *threshold rows* (a random 1/(c+1) of
-the rows trained under an extra, fake class; the 99th percentile of their AUM); that needs
-one more output in the model's head, which the runner does not add yet, so the mixture
-stands in. A number is taken as the cut itself. ``max_flagged`` keeps the worst rows by the
-score, and ``min_rows_per_class`` gives back the least suspicious rows of a class that would
-fall below it, exactly as for cross-validated probabilities (`dataguard.stages.noise.confident`).
+The cut (``dynamics_cut: auto``) is learned, not guessed. A run trained with ``threshold_rows``
+(Pleiss et al.: a random 1/(c+1) of the rows under an extra, fake class, which the model can
+only memorise, as it memorises a wrong label; `dataguard.train.data.threshold_rows`) gives
+the 99th percentile of those rows' score as the cut; the run does not judge them, so
+``dynamics: [RUN_1, RUN_2]`` (threshold sets 1 and 2) judges every row: its score is the mean
+over the runs where it kept its label, against the mean of the runs' cuts. A run without
+threshold rows learns the cut from a two-component Gaussian mixture on the score, flagging
+the rows the lower component owns (posterior > 0.5, below the upper component's mean). A
+number is taken as the cut itself. ``max_flagged`` keeps the worst rows by the score, and
+``min_rows_per_class`` gives back the least suspicious rows of a class that would fall below
+it, exactly as for cross-validated probabilities (`dataguard.stages.noise.confident`).
 
 For ``sft`` runs each row gets its mean assistant-token loss over the last half of the
 passes (a row the model fits late is not an outlier), and a row whose loss stays above the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -39,6 +43,7 @@ from dataguard.train.dynamics.file import DynamicsFileError, read_dynamics
 
 SCORES = ("aum", "cartography")
 HARD_TO_FIT_Z = 3.5
+THRESHOLD_PERCENTILE = 99.0  # Pleiss et al.: the threshold rows' 99th percentile AUM
 
 
 @dataclasses.dataclass
@@ -126,26 +131,66 @@ def robust_cut(values: np.ndarray, z: float = HARD_TO_FIT_Z) -> float:
     return med + z * scale
 
 
-def classify_estimate(rows: RowDynamics, ids: list[str], y: np.ndarray, classes: list[str], *, score: str,
-                      cut: float | str, min_rows_per_class: int, max_flagged: int | float | None,
-                      seed: int = 0) -> tuple[NoiseEstimate, np.ndarray, dict[str, Any]]:
-    """(estimate, which labelled rows the run saw, log) for the labelled rows ``ids`` with
-    label ids ``y``. Rows the run never drew are not judged (quality NaN, never flagged)."""
+@dataclasses.dataclass
+class RunView:
+    """One run's verdict inputs, lined up with the labelled rows being judged."""
+
+    quality: np.ndarray          # the score; NaN where this run does not judge the row
+    predicted: list[str | None]  # its most frequent prediction (None: not judged)
+    share: np.ndarray            # the share of passes that predicted it
+    cut: float                   # the cut this run learned (or was given)
+    cut_kind: str                # "threshold rows", "mixture" or "given"
+    threshold_rows: int          # rows it trained under the fake class
+
+
+def run_view(rows: RowDynamics, threshold: set[str], ids: list[str], *, score: str, cut: float | str,
+             seed: int = 0) -> RunView:
+    """``rows`` lined up with ``ids``. A row the run never drew, or trained under the fake
+    class (``threshold``), is not judged by this run. With ``cut: auto`` the cut is the 99th
+    percentile of the threshold rows' score when the run has them (Pleiss et al.), else the
+    two-component mixture's."""
     index = {r: i for i, r in enumerate(rows.ids)}
-    at = np.array([index.get(r, -1) for r in ids], dtype=np.int64)
-    seen = at >= 0
+    at = np.array([-1 if r in threshold else index.get(r, -1) for r in ids], dtype=np.int64)
+    judged = at >= 0
     values = rows.aum if score == "aum" else rows.confidence
-    quality = np.where(seen, values[np.clip(at, 0, None)] if len(rows.ids) else np.nan, np.nan)
-    learned = cut == "auto"
-    cut_value = mixture_cut(quality[seen], seed) if learned else float(cut)
+    safe = np.clip(at, 0, None)
+    quality = np.where(judged, values[safe] if len(rows.ids) else np.nan, np.nan)
+    fake = np.array([r in threshold for r in rows.ids], dtype=bool)
+    if cut != "auto":
+        value, kind = float(cut), "given"
+    elif fake.any():
+        value, kind = float(np.percentile(values[fake], THRESHOLD_PERCENTILE)), "threshold rows"
+    else:
+        value, kind = mixture_cut(quality[judged], seed), "mixture"
+    predicted = [rows.predicted[a] if a >= 0 else None for a in at]
+    share = np.where(judged, rows.predicted_share[safe] if len(rows.ids) else 0.0, 0.0)
+    return RunView(quality, predicted, share, value, kind, int(fake.sum()))
+
+
+def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *, min_rows_per_class: int,
+                      max_flagged: int | float | None) -> tuple[NoiseEstimate, np.ndarray, dict[str, Any]]:
+    """(estimate, which labelled rows some run judged, log) for the labelled rows (label ids
+    ``y``) the views are lined up with. A row is scored by the mean over the runs that judge
+    it, against the mean of their cuts; a row no run judges is not flagged (quality NaN)."""
+    stack = np.vstack([v.quality for v in views]) if views else np.full((1, len(y)), np.nan)
+    judged_by = np.isfinite(stack).sum(axis=0)
+    seen = judged_by > 0
+    quality = np.where(seen, np.where(np.isfinite(stack), stack, 0.0).sum(axis=0) / np.maximum(judged_by, 1), np.nan)
+    cuts = [v.cut for v in views]
+    cut_value = float(np.mean(cuts)) if cuts and all(math.isfinite(c) for c in cuts) else (
+        min(cuts) if cuts else -math.inf)
     issue = seen & (quality < cut_value)
     issue = protect_rare_classes(y, issue, np.nan_to_num(quality, nan=np.inf), min_rows_per_class)
     before = int(issue.sum())
     issue = limit_flags(issue, np.nan_to_num(quality, nan=np.inf), budget_count(max_flagged, len(y)))
     cls = {c: i for i, c in enumerate(classes)}
-    suggested = np.array([cls.get(rows.predicted[a], yy) if a >= 0 and rows.predicted[a] is not None else yy
-                          for a, yy in zip(at, y, strict=True)], dtype=np.int64)
-    share = np.where(seen, rows.predicted_share[np.clip(at, 0, None)] if len(rows.ids) else 0.0, 0.0)
+    suggested = y.copy()
+    share = np.zeros(len(y))
+    for v in reversed(views):  # the first run that judges a row has the last word
+        for j in np.flatnonzero(np.isfinite(v.quality)):
+            p = v.predicted[j]
+            suggested[j] = cls.get(p, y[j]) if p is not None else y[j]
+            share[j] = v.share[j]
     k = len(classes)
     joint = np.zeros((k, k), dtype=np.int64)
     np.add.at(joint, (y[seen], suggested[seen]), 1)
@@ -154,10 +199,12 @@ def classify_estimate(rows: RowDynamics, ids: list[str], y: np.ndarray, classes:
     est = NoiseEstimate(is_issue=issue, quality=quality.astype(np.float32), suggested=suggested,
                         suggested_prob=share.astype(np.float64), thresholds=np.full(k, cut_value),
                         confident_joint=joint, noise_matrix=noise)
-    log = {"score": score, "cut": "mixture" if learned else "given", "cut_value": round(cut_value, 6)
-           if math.isfinite(cut_value) else None, "rows_seen": int(seen.sum()), "rows_unseen": int((~seen).sum()),
-           "below_cut": int((seen & (quality < cut_value)).sum()), "issues_before_budget": before,
-           "variability_median": _median(rows.variability)}
+    kinds = sorted({v.cut_kind for v in views})
+    log = {"cut": " + ".join(kinds) if kinds else "none", "cut_value": round(cut_value, 6)
+           if math.isfinite(cut_value) else None, "runs": len(views),
+           "threshold_rows": sum(v.threshold_rows for v in views), "rows_seen": int(seen.sum()),
+           "rows_unseen": int((~seen).sum()), "below_cut": int((seen & (quality < cut_value)).sum()),
+           "issues_before_budget": before}
     return est, seen, log
 
 
@@ -174,18 +221,34 @@ def sft_flags(rows: RowDynamics, ids: list[str], *, cut: float | str,
     log = {"score": "late_loss", "cut": f"median + {HARD_TO_FIT_Z:g} robust SD" if cut == "auto" else "given",
            "cut_value": round(cut_value, 6) if math.isfinite(cut_value) else None,
            "rows_seen": int(np.isfinite(loss).sum()), "hard_to_fit": int(flag.sum()),
-           "loss_median": _median(loss)}
+           "loss_median": median_or_none(loss)}
     return loss, flag, log
 
 
-def _median(values: np.ndarray) -> float | None:
+def median_or_none(values: np.ndarray) -> float | None:
     v = values[np.isfinite(values)]
     return round(float(np.median(v)), 6) if v.size else None
 
 
-def check_run(run: str) -> dict[str, Any]:
-    """The run's dynamics metadata, or a ValueError naming what is wrong (for the config check)."""
-    try:
-        return read_dynamics(run)[1]
-    except DynamicsFileError as exc:
-        raise ValueError(str(exc)) from None
+def run_list(dynamics: Any) -> list[str]:
+    """``dynamics: RUN`` or ``dynamics: [RUN, ...]`` as a list of paths."""
+    if dynamics is None:
+        return []
+    return [str(dynamics)] if isinstance(dynamics, str | os.PathLike) else [str(d) for d in dynamics]
+
+
+def check_run(dynamics: Any) -> dict[str, Any]:
+    """The first run's dynamics metadata, after checking every run's file and that they agree
+    (one task; several runs only for classify); a ValueError naming what is wrong."""
+    metas = []
+    for run in run_list(dynamics):
+        try:
+            metas.append(read_dynamics(run)[1])
+        except DynamicsFileError as exc:
+            raise ValueError(str(exc)) from None
+    tasks = {m["task"] for m in metas}
+    if len(tasks) > 1:
+        raise ValueError(f"the runs are of different tasks ({', '.join(sorted(tasks))}); give runs of one task")
+    if len(metas) > 1 and "classify" not in tasks:
+        raise ValueError("several runs apply to classify runs (e.g. threshold_rows 1 and 2); give one sft run")
+    return metas[0]

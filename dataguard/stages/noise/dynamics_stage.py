@@ -35,8 +35,9 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     ids = [i for s in summaries for i in s.ids]
     if len(set(ids)) != len(ids):
         raise ValueError("noise stage: row ids are not unique; cannot look rows up in apply")
-    rows, _ = D.load(str(stage.dynamics))
+    runs = [D.load(run) for run in D.run_list(stage.dynamics)]
     if stage.dyn_task == "sft":
+        rows = runs[0][0]  # check_together allows one sft run
         stage._ids = pa.array(ids, pa.string())
         loss, flag, stage.dynamics_log = D.sft_flags(rows, ids, cut=stage.dynamics_cut, max_flagged=stage.max_flagged)
         stage._loss = pa.array(loss.astype(np.float32), pa.float32(), mask=~np.isfinite(loss))
@@ -49,9 +50,12 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     classes = class_list(labels, stage.classes, None)
     index = {c: i for i, c in enumerate(classes)}
     y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
-    est, seen, stage.dynamics_log = D.classify_estimate(
-        rows, ids, y, classes, score=stage.dynamics_score, cut=stage.dynamics_cut,
-        min_rows_per_class=stage.min_rows_per_class, max_flagged=stage.max_flagged, seed=stage.seed)
+    views = [D.run_view(rows, set(meta["threshold_rows"]), ids, score=stage.dynamics_score, cut=stage.dynamics_cut,
+                        seed=stage.seed) for rows, meta in runs]
+    est, seen, log = D.classify_estimate(views, y, classes, min_rows_per_class=stage.min_rows_per_class,
+                                         max_flagged=stage.max_flagged)
+    stage.dynamics_log = {"score": stage.dynamics_score, **log,
+                          "variability_median": D.median_or_none(runs[0][0].variability)}
     if stage.max_flagged is not None:
         stage.budget_log = {"max_flagged": stage.max_flagged, "issues_after": int(est.is_issue.sum()),
                             "issues_before": stage.dynamics_log["issues_before_budget"]}
@@ -104,7 +108,7 @@ def describe_sft(stage: Any) -> dict[str, Any]:
     if not stage.fitted:
         return {"title": title, "summary": {"fitted": False}, "blocks": []}
     loss = stage._loss_np[np.isfinite(stage._loss_np)]
-    summary = {"dynamics": str(stage.dynamics), **stage.dynamics_log, "action": stage.action,
+    summary = {"dynamics": stage.dynamics, **stage.dynamics_log, "action": stage.action,
                "dropped": stage.tally.get("dropped")}
     blocks: list[dict[str, Any]] = []
     if loss.size:

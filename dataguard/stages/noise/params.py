@@ -51,7 +51,7 @@ CONSTRAINTS: dict[str, Allowed] = {
     "probabilities": [_PROBABILITIES, None],
     "inputs": [Options(*INPUTS, "dynamics")],
     "dynamics": [Satisfies(lambda v: isinstance(v, str | os.PathLike) and bool(str(v)), "a training run folder"),
-                 None],
+                 ListOf(Text(blank=False), min_len=1, unique=True), None],
     "dynamics_score": [Options(*DYNAMICS_SCORES)],
     "dynamics_cut": [Options("auto"), Interval(float)],
     "temperature": [Interval(float, 0, closed="neither")],
@@ -86,7 +86,7 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
         if rounds > 1:
             _fail("rounds", "rounds > 1 refits a cross-validated classifier; inputs: dynamics has none")
         try:
-            return check_run(str(dynamics))
+            return check_run(dynamics)
         except ValueError as exc:
             _fail("dynamics", str(exc))
     if dynamics is not None:

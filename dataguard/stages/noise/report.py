@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dataguard.stages.noise.confident import NoiseEstimate
+from dataguard.stages.noise.dynamics import run_list
 
 MAX_MATRIX_CLASSES = 25
 
@@ -68,7 +69,7 @@ def summary(stage: Any, r: dict[str, Any], k: int) -> dict[str, Any]:
         "action": stage.action, "dropped": stage.tally.get("dropped"), "relabelled": stage.tally.get("relabelled"),
     }
     if getattr(stage, "inputs", None) == "dynamics":
-        out["probabilities"] = f"training dynamics of {stage.dynamics}"
+        out["probabilities"] = f"training dynamics of {', '.join(run_list(stage.dynamics))}"
         out["dynamics"] = stage.dynamics_log
         out["method"] = stage.dynamics_score
     if stage.probabilities and stage.inputs == "logits":

@@ -69,6 +69,7 @@ the fitted verdicts and apply's per-row lookup in `dataguard.stages.noise.verdic
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -82,6 +83,7 @@ from dataguard.records import full_texts, prompt_texts, response_texts
 from dataguard.stage import Outcome, Stage
 from dataguard.stages.noise import dynamics_stage, report
 from dataguard.stages.noise import params as P
+from dataguard.stages.noise.dynamics import run_list
 from dataguard.stages.noise.given import class_list, gather_probs
 from dataguard.stages.noise.rounds import CvOptions, estimate_issues
 from dataguard.stages.noise.verdicts import REASON, Verdicts, judge
@@ -123,9 +125,11 @@ class NoiseStage(Stage):
                  text: str = "prompt", embedding_column: str | None = None, embedding_weight: float = 1.0,
                  model: str | None = None, batch_size: int = 64, threads: int | None = None,
                  backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None,
-                 dynamics: str | None = None, dynamics_score: str = "aum", dynamics_cut: str | float = "auto") -> None:
+                 dynamics: str | Sequence[str] | None = None, dynamics_score: str = "aum", dynamics_cut: str | float = "auto") -> None:
         meta = P.check_together(method, threshold, probabilities, inputs, temperature, rounds, dynamics)
-        self.dynamics = None if dynamics is None else str(dynamics)
+        runs = run_list(dynamics)
+        self.dynamics: str | list[str] | None = (None if dynamics is None else runs[0]
+                                                 if isinstance(dynamics, str | os.PathLike) else runs)
         self.dyn_task = meta["task"] if meta else None
         self.dynamics_score = dynamics_score
         self.dynamics_cut = dynamics_cut

@@ -23,7 +23,9 @@ column         type      meaning
 A row drawn more than once in a pass (``repeat`` > 1) gets the mean of its draws for
 ``loss``, ``gold_prob`` and ``margin`` and the last draw's ``correct`` / ``predicted``.
 Schema metadata: ``task`` (``classify`` / ``sft``), ``labels`` (JSON list of label names,
-in the model's class order), ``source`` (``train_forward``: the training step's own forward
+in the model's class order), optionally ``threshold_rows`` (JSON list of the row ids a
+``threshold_rows`` run trained under the fake class ``__threshold__``, the labels' last;
+their ``margin`` is the fake class's), ``source`` (``train_forward``: the training step's own forward
 pass, in train mode, before that step's update; ``eval_pass``: an extra no-grad pass over
 the training rows at each evaluation) and ``format`` (``dataguard.dynamics/1``).
 
@@ -57,19 +59,23 @@ class DynamicsFileError(ValueError):
     """A dynamics file (or run folder) that cannot be used; the message names it."""
 
 
-def metadata(task: str, labels: list[str] | None, source: str) -> dict[bytes, bytes]:
-    return {b"format": FORMAT.encode(), b"task": task.encode(), b"source": source.encode(),
+def metadata(task: str, labels: list[str] | None, source: str,
+             threshold_ids: list[str] | None = None) -> dict[bytes, bytes]:
+    meta = {b"format": FORMAT.encode(), b"task": task.encode(), b"source": source.encode(),
             b"labels": json.dumps(list(labels or []), ensure_ascii=False).encode()}
+    if threshold_ids:
+        meta[b"threshold_rows"] = json.dumps(sorted(threshold_ids), ensure_ascii=False).encode()
+    return meta
 
 
 def write_dynamics(path: str | os.PathLike, table: pa.Table, *, task: str, labels: list[str] | None,
-                   source: str) -> Path:
+                   source: str, threshold_ids: list[str] | None = None) -> Path:
     """Write ``table`` (`SCHEMA` columns, any order of rows) sorted by (id, pass), atomically."""
     path = Path(path)
     table = table.select(SCHEMA.names).cast(SCHEMA)
     if table.num_rows:
         table = table.sort_by([("id", "ascending"), ("pass", "ascending")])
-    table = table.replace_schema_metadata(metadata(task, labels, source))
+    table = table.replace_schema_metadata(metadata(task, labels, source, threshold_ids))
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(table.num_rows, 1))
@@ -112,8 +118,17 @@ def read_dynamics(where: str | os.PathLike) -> tuple[pa.Table, dict[str, Any]]:
         raise DynamicsFileError(f"{path}: unknown task {task!r} in its metadata")
     if table.column("id").null_count:
         raise DynamicsFileError(f"{path}: {table.column('id').null_count} entries have no row id")
+    labels = _string_list(path, meta, "labels")
+    threshold = _string_list(path, meta, "threshold_rows")
+    return table.select(SCHEMA.names), {"task": task, "labels": labels, "source": meta.get("source", ""),
+                                        "threshold_rows": threshold}
+
+
+def _string_list(path: Path, meta: dict[str, str], key: str) -> list[str]:
     try:
-        labels = [str(x) for x in json.loads(meta.get("labels") or "[]")]
+        value = json.loads(meta.get(key) or "[]")
     except ValueError:
-        raise DynamicsFileError(f"{path}: its labels metadata is not a JSON list") from None
-    return table.select(SCHEMA.names), {"task": task, "labels": labels, "source": meta.get("source", "")}
+        value = None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise DynamicsFileError(f"{path}: its {key} metadata is not a JSON list of names")
+    return value

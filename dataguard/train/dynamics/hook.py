@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dataguard.train.data.sampler import steps_per_epoch
@@ -65,9 +66,13 @@ class DynamicsHook:
                      f"drawn; dynamics_pass: eval scores every row at each of its {points} evaluation point(s) "
                      f"(about {points * len(enc) / max(3 * drawn, 1):.0%} more compute)")
         labels = run.label_map.classes if run.label_map is not None else None
+        threshold: list[str] = []
+        if getattr(cfg, "threshold_rows", 0) and labels and enc.class_ids is not None:
+            # the rows setup relabelled to the fake class (the label map's last)
+            threshold = [enc.row_ids[int(i)] for i in np.flatnonzero(enc.class_ids == len(labels) - 1)]
         recorder = DynamicsRecorder(run_dir, task=cfg.task, row_ids=enc.row_ids, labels=labels,
                                     source="eval_pass" if mode == "eval" else "train_forward",
-                                    rank=run.rank, world=run.world)
+                                    rank=run.rank, world=run.world, threshold_ids=threshold)
         if resume and run.latest is not None:
             recorder.load(run.latest)
         return cls(recorder, eval_every=cfg.eval_every, total=run.total, batch_size=cfg.batch_size)

@@ -48,13 +48,15 @@ class DynamicsRecorder:
     """Per-(row, pass) sums of one process; ``row`` indexes ``row_ids`` (the encoded training rows)."""
 
     def __init__(self, run_dir: Path, *, task: str, row_ids: Sequence[str], labels: Sequence[str] | None,
-                 source: str = "train_forward", rank: int = 0, world: int = 1) -> None:
+                 source: str = "train_forward", rank: int = 0, world: int = 1,
+                 threshold_ids: Sequence[str] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.task = task
         self.row_ids = list(row_ids)
         self.labels = list(labels or [])
         self.source = source
         self.rank, self.world = rank, world
+        self.threshold_ids = sorted(threshold_ids)  # rows trained under the fake class (threshold_rows)
         self.sums: dict[tuple[int, int], list[Any]] = {}
 
     # -- recording -------------------------------------------------------------------------
@@ -168,8 +170,10 @@ class DynamicsRecorder:
 
     def write_local(self) -> Path:
         """Write this process's sums as ``dynamics.arrow`` (rank 0 after `gather`, or one process)."""
-        return write_dynamics(self.run_dir / FILE_NAME, self.table(), task=self.task, labels=self.labels,
-                              source=self.source)
+        return write_dynamics(self.run_dir / FILE_NAME, self.table(), **self._file_meta())
+
+    def _file_meta(self) -> dict[str, Any]:
+        return {"task": self.task, "labels": self.labels, "source": self.source, "threshold_ids": self.threshold_ids}
 
     def write(self, accelerator: Any = None) -> Path | None:
         """Write ``dynamics.arrow`` (collective under several processes: each rank writes its
@@ -177,14 +181,14 @@ class DynamicsRecorder:
         target = self.run_dir / FILE_NAME
         if self.world > 1:
             mine = self.run_dir / f"dynamics.rank{self.rank}.arrow"
-            write_dynamics(mine, self.table(), task=self.task, labels=self.labels, source=self.source)
+            write_dynamics(mine, self.table(), **self._file_meta())
             accelerator.wait_for_everyone()
             if self.rank != 0:
                 return None
             parts = [self.table()] + [read_dynamics(self.run_dir / f"dynamics.rank{r}.arrow")[0]
                                       for r in range(1, self.world)]
             merged = merge_tables(parts)
-            write_dynamics(target, merged, task=self.task, labels=self.labels, source=self.source)
+            write_dynamics(target, merged, **self._file_meta())
             for r in range(self.world):
                 (self.run_dir / f"dynamics.rank{r}.arrow").unlink(missing_ok=True)
             return target
