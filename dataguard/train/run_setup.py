@@ -159,6 +159,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
                 "head has one extra output")
         echo(line)
         notes.append(line)
+        if not fake:
+            warn(f"threshold_rows: {len(enc):,} training rows are fewer than one per class plus one; no row trains "
+                 "as the fake class, so the noise stage will learn its cut from the mixture")
     per_epoch = steps_per_epoch(int(np.sum(enc.repeat)), cfg.batch_size, cfg.grad_accum)
     total = cfg.max_steps or per_epoch * cfg.epochs
     # a schedule in epochs counts the epochs the run will actually make (max_steps wins)
