@@ -245,7 +245,25 @@ def _report(args: argparse.Namespace) -> int:
 def _loop(args: argparse.Namespace) -> int:
     from dataguard.loop_rounds import loop_command
 
+    _refuse_threshold_rows(args.config, args.output)
     return loop_command(args, run=_run, train=train_command)
+
+
+def _refuse_threshold_rows(config: str, output: str) -> None:
+    """The loop's last round is the model a user ships; a threshold-rows run is a diagnostic
+    (an extra output, 1/(c+1) of the rows relabelled), and one set leaves its rows unjudged."""
+    from dataguard.config import ConfigError
+    from dataguard.loop_rounds import round_dirs
+    from dataguard.train.config import load_train_config
+
+    try:  # each round's data folder is the loop's; the first one stands for all
+        threshold = load_train_config(config, overrides={"data": str(round_dirs(Path(output), 1)[0])}).threshold_rows
+    except (ConfigError, OSError, ValueError):
+        return  # the train step reports it in its own words
+    if threshold:
+        raise CliError(f"loop: {config}: threshold_rows trains a diagnostic model; the loop trains the one you "
+                       "ship (train the two threshold runs by hand, then `noise: {inputs: dynamics, dynamics: "
+                       "[RUN_1, RUN_2]}`)")
 
 
 def _feed_back(config: Any, run: str) -> None:

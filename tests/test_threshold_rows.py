@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +18,14 @@ import pytest
 from dataguard.config import ConfigError
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
+from dataguard.stages.longtail import LongTailStage
 from dataguard.stages.noise.dynamics import aggregate
 from dataguard.stages.noise.stage import NoiseStage
 from dataguard.train.config import load_train_config
 from dataguard.train.data import RunShards
 from dataguard.train.data.threshold_rows import THRESHOLD_CLASS, threshold_ids
 from dataguard.train.dynamics.file import read_dynamics
+from dataguard.train.errors import TrainError
 from dataguard.train.loop import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +70,8 @@ def test_two_disjoint_sets_train_under_the_fake_class(runs):
         assert json.loads((run / "label_map.json").read_text())["classes"][-1] == THRESHOLD_CLASS
         fake = set(meta["threshold_rows"])
         assert len(fake) == 240 // (len(CLASSES) + 1)  # n / (c + 1)
-        assert sorted(fake) == threshold_ids(ids, len(CLASSES), part, seed=0)  # the order of rows does not matter
+        assert sorted(fake) == threshold_ids(ids, len(CLASSES), part, seed=0)
+        assert threshold_ids(ids[::-1], len(CLASSES), part, seed=0) == sorted(fake)  # whatever order the shards hold
         assert any("threshold rows (set" in n for n in json.loads((run / "run.json").read_text())["notes"])
         # the recorded gold is the fake class for those rows and the data's label for the others
         label = dict(zip(ids, table.column("label").to_pylist(), strict=True))
@@ -86,6 +91,11 @@ def test_a_resumed_threshold_run_writes_the_same_file(runs, tmp_path):
     Trainer(load_train_config(_settings(data, run, threshold_rows=1)), progress=False).fit(resume=True)
     assert (run / "dynamics.arrow").read_bytes() == (first / "dynamics.arrow").read_bytes()
     assert json.loads((run / "label_map.json").read_text())["classes"].count(THRESHOLD_CLASS) == 1
+    other = tmp_path / "other"
+    Trainer(load_train_config(_settings(data, other, threshold_rows=1)), progress=False).fit(stop_after=55)
+    for changed in (2, 0):  # another set, or none: the memorised fake class would mix into the file
+        with pytest.raises(TrainError, match=rf"threshold_rows 1 -> {changed}"):
+            Trainer(load_train_config(_settings(data, other, threshold_rows=changed)), progress=False).fit(resume=True)
 
 
 def _judge(table: pa.Table, dynamics, **kw) -> tuple[NoiseStage, pa.Table]:
@@ -130,16 +140,20 @@ def test_two_runs_judge_every_row_against_their_mean_cut(runs):
     stage, out = _judge(table, [str(first), str(second)], action="flag")
     assert stage.dynamics_log["runs"] == 2 and stage.dynamics_log["cut_value"] == pytest.approx(cut, abs=1e-5)
     assert stage.dynamics_log["rows_unseen"] == 0  # each run judges the other's threshold rows
+    only_one = 0
     for rid, q, flag in zip(out.column("id").to_pylist(), out.column("label_quality").to_pylist(),
                             out.column("is_label_issue").to_pylist(), strict=True):
-        mine = [v[rid] for v, _ in views if rid in v]
-        assert mine and q == pytest.approx(float(np.mean(mine)), abs=1e-5)
-        assert flag == (q < cut)
+        # each run's AUM measured from that run's own cut, on the mean cut's scale
+        mine = [v[rid] - run_cut for v, run_cut in views if rid in v]
+        assert mine and q == pytest.approx(float(np.mean(mine)) + cut, abs=1e-4)
+        assert flag == (float(np.mean(mine)) < 0)
+        only_one += len(mine) == 1
+    assert only_one == 2 * (240 // (len(CLASSES) + 1))  # the two threshold sets, each judged by the other run
     dropped = NoiseStage(inputs="dynamics", dynamics=[str(first), str(second)], action="drop")
     dropped.fit([dropped.summarize(table)])
     result = dropped.apply(table)
     assert result.kept.num_rows + result.rejected.num_rows == table.num_rows
-    assert set(result.rejected.column("reason").to_pylist()) <= {"label_issue"}
+    assert result.rejected.num_rows > 0 and set(result.rejected.column("reason").to_pylist()) == {"label_issue"}
 
 
 def test_threshold_rows_mistakes_are_one_line(runs, tmp_path):
@@ -153,11 +167,46 @@ def test_threshold_rows_mistakes_are_one_line(runs, tmp_path):
         assert "\n" not in str(err.value)
     sft = tmp_path / "sft"
     Pipeline([], workers=1).run([InputSpec(path=str(REPO / "sample_data/alpaca_en_demo.json"))], sft)
-    run = tmp_path / "sft_run"
-    Trainer(load_train_config({"task": "sft", "model": "tiny-causal-lm", "data": str(sft), "output": str(run),
-                               "max_steps": 2, "batch_size": 4, "max_length": 64, "save_every": 1000,
-                               "tensorboard": False, "threads": 1}), progress=False).fit()
+    run, run_b = tmp_path / "sft_run", tmp_path / "sft_run_b"
+    for out in (run, run_b):
+        Trainer(load_train_config({"task": "sft", "model": "tiny-causal-lm", "data": str(sft), "output": str(out),
+                                   "max_steps": 2, "batch_size": 4, "max_length": 64, "save_every": 1000,
+                                   "tensorboard": False, "threads": 1}), progress=False).fit()
+    with pytest.raises(ValueError, match="same run"):
+        NoiseStage(inputs="dynamics", dynamics=[str(first), str(first / "dynamics.arrow")])
+    reseeded = tmp_path / "t2_seed1"  # set 2 of another seed overlaps set 1 of seed 0: rows nobody judges
+    Trainer(load_train_config(_settings(first.parent / "shards", reseeded, threshold_rows=2, seed=1, epochs=1)),
+            progress=False).fit()
+    with pytest.raises(ValueError, match=r"two runs trained \d+ of the same rows under the fake class"):
+        NoiseStage(inputs="dynamics", dynamics=[str(first), str(reseeded)])
     with pytest.raises(ValueError, match="different tasks"):
         NoiseStage(inputs="dynamics", dynamics=[str(first), str(run)])
     with pytest.raises(ValueError, match="several runs apply to classify runs"):
-        NoiseStage(inputs="dynamics", dynamics=[str(run), str(run) + "/dynamics.arrow"])
+        NoiseStage(inputs="dynamics", dynamics=[str(run), str(run_b)])
+
+
+def test_the_loop_refuses_a_diagnostic_run_and_offsets_are_not_applied(runs, tmp_path):
+    _, first, _ = runs
+    csv_path = first.parent / "bank.csv"
+    cfg = tmp_path / "loop.yaml"
+    cfg.write_text(f"inputs:\n  - path: {csv_path}\n    format: labelled_text\n    aliases: {{category: label}}\n"
+                   "stages:\n  - longtail: {}\n"
+                   "train: {task: classify, model: tiny-classifier, threshold_rows: 1, threads: 1}\n")
+    out = tmp_path / "loop"
+    done = subprocess.run([sys.executable, "-m", "dataguard", "loop", str(cfg), "--output", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "threshold_rows trains a diagnostic model" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+    # with the longtail stage's logit offsets in the manifest, a threshold run trains plain cross-entropy
+    data = tmp_path / "longtail"
+    Pipeline([LongTailStage()], workers=1).run([InputSpec(path=str(csv_path), format="labelled_text",
+                                                          aliases={"category": "label"})], data)
+    run = tmp_path / "lt_run"
+    Trainer(load_train_config(_settings(data, run, threshold_rows=1, logit_adjustment=True, max_steps=4)),
+            progress=False).fit()
+    notes = json.loads((run / "run.json").read_text())["notes"]
+    assert any("logit offsets are not applied" in n for n in notes)
+    plain = tmp_path / "lt_plain"
+    Trainer(load_train_config(_settings(data, plain, logit_adjustment=True, max_steps=4)), progress=False).fit()
+    assert not any("logit offsets" in n for n in json.loads((plain / "run.json").read_text())["notes"])

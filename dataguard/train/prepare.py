@@ -34,7 +34,8 @@ from dataguard.train.tasks import get_task
 # Settings that decide the schedule, the data order or the parameters: a resume must keep them.
 RESUME_KEYS = ("task", "model", "data", "seed", "precision", "batch_size", "grad_accum", "max_steps", "epochs",
                "lr", "warmup_ratio", "warmup_steps", "min_lr", "lr_multipliers", "lr_patterns", "lora",
-               "max_length", "packing", "eval_fraction", "curriculum", "curriculum_unit", "curriculum_boundaries")
+               "max_length", "packing", "eval_fraction", "curriculum", "curriculum_unit", "curriculum_boundaries",
+               "threshold_rows")
 
 Warn = Callable[[str], None]
 PATH_KEYS = ("data", "output", "model")  # recorded absolute; compared as paths on resume

@@ -205,6 +205,11 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     offsets = class_weights = None
     if get_task(cfg.task).has_classes:
         offsets, class_weights = class_tensors(cfg, run, label_map, enc, device, warn)
+        if cfg.threshold_rows and offsets is not None:
+            offsets = None  # the fake class has no prior; AUM is read from plain cross-entropy, as Pleiss et al.
+            line = "threshold_rows: the manifest's logit offsets are not applied (no prior for the fake class)"
+            echo(line)
+            notes.append(line)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     gvs = GradVarianceScaler() if cfg.grad_variance_scaling else None
     monitor = Monitor(raw_model)

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataguard.stages.noise.confident import NoiseEstimate, budget_count, limit_flags, protect_rare_classes
-from dataguard.train.dynamics.file import DynamicsFileError, read_dynamics
+from dataguard.train.dynamics.file import DynamicsFileError, dynamics_path, read_dynamics
 
 SCORES = ("aum", "cartography")
 HARD_TO_FIT_Z = 3.5
@@ -170,15 +170,19 @@ def run_view(rows: RowDynamics, threshold: set[str], ids: list[str], *, score: s
 def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *, min_rows_per_class: int,
                       max_flagged: int | float | None) -> tuple[NoiseEstimate, np.ndarray, dict[str, Any]]:
     """(estimate, which labelled rows some run judged, log) for the labelled rows (label ids
-    ``y``) the views are lined up with. A row is scored by the mean over the runs that judge
-    it, against the mean of their cuts; a row no run judges is not flagged (quality NaN)."""
-    stack = np.vstack([v.quality for v in views]) if views else np.full((1, len(y)), np.nan)
+    ``y``) the views are lined up with. A row's score is the mean, over the runs that judge it,
+    of its score minus that run's cut, plus the runs' mean cut (the cut it is flagged below);
+    a row no run judges is not flagged (quality NaN)."""
+    usable = [v for v in views if math.isfinite(v.cut)] or views[:1]  # a run whose mixture found one cluster
+    cut_value = float(np.mean([v.cut for v in usable])) if usable else -math.inf
+    # each run's score measured from its own cut, then put on the mean cut's scale: one run
+    # gives its score and cut unchanged; several judge a row by how far it sits below theirs
+    shift = [v.cut - cut_value if math.isfinite(v.cut) else 0.0 for v in usable]
+    stack = (np.vstack([v.quality - d for v, d in zip(usable, shift, strict=True)]) if usable
+             else np.full((1, len(y)), np.nan))
     judged_by = np.isfinite(stack).sum(axis=0)
     seen = judged_by > 0
     quality = np.where(seen, np.where(np.isfinite(stack), stack, 0.0).sum(axis=0) / np.maximum(judged_by, 1), np.nan)
-    cuts = [v.cut for v in views]
-    cut_value = float(np.mean(cuts)) if cuts and all(math.isfinite(c) for c in cuts) else (
-        min(cuts) if cuts else -math.inf)
     issue = seen & (quality < cut_value)
     issue = protect_rare_classes(y, issue, np.nan_to_num(quality, nan=np.inf), min_rows_per_class)
     before = int(issue.sum())
@@ -186,11 +190,12 @@ def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *
     cls = {c: i for i, c in enumerate(classes)}
     suggested = y.copy()
     share = np.zeros(len(y))
-    for v in reversed(views):  # the first run that judges a row has the last word
+    for v in reversed(usable):  # the first run that judges a row has the last word
         for j in np.flatnonzero(np.isfinite(v.quality)):
             p = v.predicted[j]
-            suggested[j] = cls.get(p, y[j]) if p is not None else y[j]
-            share[j] = v.share[j]
+            known = p is not None and p in cls  # not the fake class
+            suggested[j] = cls[p] if known else y[j]
+            share[j] = v.share[j] if known else 0.0
     k = len(classes)
     joint = np.zeros((k, k), dtype=np.int64)
     np.add.at(joint, (y[seen], suggested[seen]), 1)
@@ -199,7 +204,7 @@ def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *
     est = NoiseEstimate(is_issue=issue, quality=quality.astype(np.float32), suggested=suggested,
                         suggested_prob=share.astype(np.float64), thresholds=np.full(k, cut_value),
                         confident_joint=joint, noise_matrix=noise)
-    kinds = sorted({v.cut_kind for v in views})
+    kinds = sorted({v.cut_kind for v in usable})
     log = {"cut": " + ".join(kinds) if kinds else "none", "cut_value": round(cut_value, 6)
            if math.isfinite(cut_value) else None, "runs": len(views),
            "threshold_rows": sum(v.threshold_rows for v in views), "rows_seen": int(seen.sum()),
@@ -240,12 +245,21 @@ def run_list(dynamics: Any) -> list[str]:
 def check_run(dynamics: Any) -> dict[str, Any]:
     """The first run's dynamics metadata, after checking every run's file and that they agree
     (one task; several runs only for classify); a ValueError naming what is wrong."""
-    metas = []
+    metas, files = [], {}
     for run in run_list(dynamics):
         try:
             metas.append(read_dynamics(run)[1])
         except DynamicsFileError as exc:
             raise ValueError(str(exc)) from None
+        same = files.setdefault(dynamics_path(run).resolve(), run)
+        if same != run:
+            raise ValueError(f"{run} and {same} are the same run; give each run once")
+    for i, a in enumerate(metas):
+        for b in metas[i + 1:]:
+            shared = set(a["threshold_rows"]) & set(b["threshold_rows"])
+            if shared:
+                raise ValueError(f"two runs trained {len(shared)} of the same rows under the fake class, which "
+                                 "neither can judge; train threshold_rows 1 and 2 with one seed")
     tasks = {m["task"] for m in metas}
     if len(tasks) > 1:
         raise ValueError(f"the runs are of different tasks ({', '.join(sorted(tasks))}); give runs of one task")
