@@ -254,16 +254,30 @@ def flags_of(data: Path, **params: Any) -> set[str]:
     return {i for i, f in zip(out.column("id").to_pylist(), issue, strict=True) if f}
 
 
-def detect(ns: argparse.Namespace) -> None:
-    csv_path, texts, noisy, clean = corrupted_csv()
-    data, _, _ = bt.run_pipeline("a", csv_path)
+def arm_a_data() -> tuple[Path, list[str], set[str]]:
+    """Arm (a)'s pipeline output on the corrupted long tail: (folder, row ids, ids of flipped rows)."""
     from dataguard.train.data import RunShards
 
+    csv_path, _, noisy, clean = corrupted_csv()
+    data, _, _ = bt.run_pipeline("a", csv_path)
     table = RunShards.open(data, task="classify").table
     ids = table.column("id").to_pylist()
     pos = [int(str(i).rsplit(":", 1)[1]) for i in ids]
     assert all(noisy[p] == lab for p, lab in zip(pos, table.column("label").to_pylist(), strict=True))
-    flipped = {i for i, p in zip(ids, pos, strict=True) if noisy[p] != clean[p]}
+    return data, ids, {i for i, p in zip(ids, pos, strict=True) if noisy[p] != clean[p]}
+
+
+def print_flags_table(rows: dict[str, dict[str, Any]], n_rows: int, n_flipped: int, save: Path) -> None:
+    """The detection table (markdown), also saved as JSON."""
+    print(f"\n{n_rows} rows, {n_flipped} flipped labels\n")
+    print("| flags from | flags | flipped found | precision | recall | F1 |\n|---|---:|---:|---:|---:|---:|")
+    for name, sc in rows.items():
+        print(f"| {name} | {sc['flags']} | {sc['true']} | {sc['precision']} | {sc['recall']} | {sc['f1']} |")
+    save.write_text(json.dumps(rows, indent=1))
+
+
+def detect(ns: argparse.Namespace) -> None:
+    data, ids, flipped = arm_a_data()
     run = RESULTS / "detect_run_a_seed0"
     if not (run / "dynamics.arrow").is_file() or not ns.reuse:
         t0 = time.perf_counter()
@@ -283,23 +297,12 @@ def detect(ns: argparse.Namespace) -> None:
             flags_of(data, **base, max_flagged=len(cv)), flipped)
         rows[f"dynamics {score}, cut 0 / 0.5" if score == "aum" else f"dynamics {score}, cut 0.5"] = _scores(
             flags_of(data, **base, dynamics_cut=0.0 if score == "aum" else 0.5), flipped)
-    print(f"\n{len(ids)} rows, {len(flipped)} flipped labels\n")
-    print("| flags from | flags | flipped found | precision | recall | F1 |\n|---|---:|---:|---:|---:|---:|")
-    for name, s in rows.items():
-        print(f"| {name} | {s['flags']} | {s['true']} | {s['precision']} | {s['recall']} | {s['f1']} |")
-    (RESULTS / "detect.json").write_text(json.dumps(rows, indent=1))
+    print_flags_table(rows, len(ids), len(flipped), RESULTS / "detect.json")
 
 
 def threshold(ns: argparse.Namespace) -> None:
     """Pleiss et al.'s threshold rows against the mixture cut, on --detect's data and run."""
-    csv_path, texts, noisy, clean = corrupted_csv()
-    data, _, _ = bt.run_pipeline("a", csv_path)
-    from dataguard.train.data import RunShards
-
-    table = RunShards.open(data, task="classify").table
-    ids = table.column("id").to_pylist()
-    pos = [int(str(i).rsplit(":", 1)[1]) for i in ids]
-    flipped = {i for i, p in zip(ids, pos, strict=True) if noisy[p] != clean[p]}
+    data, ids, flipped = arm_a_data()
     runs = []
     for part in (1, 2):
         run = RESULTS / f"threshold_run_a_seed0_part{part}"
@@ -322,11 +325,7 @@ def threshold(ns: argparse.Namespace) -> None:
         rows[f"threshold runs 1 + 2, worst {len(flipped)}{tag}"] = _scores(
             flags_of(data, inputs="dynamics", dynamics=runs, min_rows_per_class=protect, dynamics_cut=100.0,
                      max_flagged=len(flipped)), flipped)
-    print(f"\n{len(ids)} rows, {len(flipped)} flipped labels\n")
-    print("| flags from | flags | flipped found | precision | recall | F1 |\n|---|---:|---:|---:|---:|---:|")
-    for name, sc in rows.items():
-        print(f"| {name} | {sc['flags']} | {sc['true']} | {sc['precision']} | {sc['recall']} | {sc['f1']} |")
-    (RESULTS / "threshold.json").write_text(json.dumps(rows, indent=1))
+    print_flags_table(rows, len(ids), len(flipped), RESULTS / "threshold.json")
 
 
 def arm_e(ns: argparse.Namespace) -> None:

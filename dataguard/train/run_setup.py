@@ -154,7 +154,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         context=getattr(getattr(model, "config", None), "max_position_embeddings", None))
     if cfg.threshold_rows and label_map is not None:
         fake = relabel_threshold_rows(enc, label_map, cfg.threshold_rows, cfg.seed)
-        line = (f"threshold rows (set {cfg.threshold_rows}): {len(fake):,} of {len(enc):,} training rows train as "
+        line = (f"threshold rows (set {cfg.threshold_rows}): {fake:,} of {len(enc):,} training rows train as "
                 f"class {THRESHOLD_CLASS}, so the dynamics learn the noise stage's cut; a diagnostic run, its "
                 "head has one extra output")
         echo(line)

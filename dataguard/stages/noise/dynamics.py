@@ -15,7 +15,7 @@ The cut (``dynamics_cut: auto``) is learned, not guessed. A run trained with ``t
 only memorise, as it memorises a wrong label; `dataguard.train.data.threshold_rows`) gives
 the 99th percentile of those rows' score as the cut; the run does not judge them, so
 ``dynamics: [RUN_1, RUN_2]`` (threshold sets 1 and 2) judges every row: its score is the mean
-over the runs where it kept its label, against the mean of the runs' cuts. A run without
+over the runs where it kept its label, each measured from that run's own cut. A run without
 threshold rows learns the cut from a two-component Gaussian mixture on the score, flagging
 the rows the lower component owns (posterior > 0.5, below the upper component's mean). A
 number is taken as the cut itself. ``max_flagged`` keeps the worst rows by the score, and
@@ -173,13 +173,12 @@ def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *
     ``y``) the views are lined up with. A row's score is the mean, over the runs that judge it,
     of its score minus that run's cut, plus the runs' mean cut (the cut it is flagged below);
     a row no run judges is not flagged (quality NaN)."""
-    usable = [v for v in views if math.isfinite(v.cut)] or views[:1]  # a run whose mixture found one cluster
-    cut_value = float(np.mean([v.cut for v in usable])) if usable else -math.inf
+    # a run whose mixture found one cluster (cut -inf) judges nothing, unless no run has a cut
+    usable = [v for v in views if math.isfinite(v.cut)] or views[:1]
+    cut_value = float(np.mean([v.cut for v in usable]))
     # each run's score measured from its own cut, then put on the mean cut's scale: one run
     # gives its score and cut unchanged; several judge a row by how far it sits below theirs
-    shift = [v.cut - cut_value if math.isfinite(v.cut) else 0.0 for v in usable]
-    stack = (np.vstack([v.quality - d for v, d in zip(usable, shift, strict=True)]) if usable
-             else np.full((1, len(y)), np.nan))
+    stack = np.vstack([v.quality - (v.cut - cut_value if math.isfinite(v.cut) else 0.0) for v in usable])
     judged_by = np.isfinite(stack).sum(axis=0)
     seen = judged_by > 0
     quality = np.where(seen, np.where(np.isfinite(stack), stack, 0.0).sum(axis=0) / np.maximum(judged_by, 1), np.nan)
