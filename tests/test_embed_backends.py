@@ -30,6 +30,13 @@ from dataguard.stages.normalize import Normalizer
 # activations to 8 mantissa bits, pooling and the norm stay fp32 (min cosine 0.9998 over
 # 999 Alpaca responses).
 MIN_COSINE = {"onnx": 0.9999, "onnx-int8": 0.95, "torch-bf16": 0.999}
+# torch-bf16 is emulated on a CPU without bf16 units (~5x slower than fp32 here), so it encodes
+# every second pair only (70 pairs, long DPO rows among them) and is compared on those.
+PAIRS = {"torch-bf16": slice(None, None, 2)}
+
+
+def _pairs(backend: str) -> slice:
+    return PAIRS.get(backend, slice(None))
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +76,14 @@ def vectors(cache_dir: Path, texts: dict[str, list[str]]) -> dict[str, tuple[np.
     out = {}
     for backend in BACKENDS:
         emb = Embedder(backend=backend, threads=2)
-        out[backend] = (emb.encode(texts["prompts"]), emb.encode(texts["responses"]))
+        pairs = _pairs(backend)
+        out[backend] = (emb.encode(texts["prompts"][pairs]), emb.encode(texts["responses"][pairs]))
     return out
+
+
+def _torch_on_the_same_pairs(vectors: dict, backend: str) -> tuple[np.ndarray, np.ndarray]:
+    prompts, responses = vectors["torch"]
+    return prompts[_pairs(backend)], responses[_pairs(backend)]
 
 
 def _auc(prompts: np.ndarray, responses: np.ndarray) -> float:
@@ -90,7 +103,7 @@ def _flags(prompts: np.ndarray, responses: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8", "torch-bf16"])
 def test_fast_vectors_agree_with_torch(vectors: dict, backend: str) -> None:
-    for got, ref in zip(vectors[backend], vectors["torch"], strict=True):
+    for got, ref in zip(vectors[backend], _torch_on_the_same_pairs(vectors, backend), strict=True):
         assert got.shape == ref.shape and got.dtype == np.float32
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
         assert np.einsum("ij,ij->i", got, ref).min() >= MIN_COSINE[backend]
@@ -98,9 +111,10 @@ def test_fast_vectors_agree_with_torch(vectors: dict, backend: str) -> None:
 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8", "torch-bf16", "static"])
 def test_detection_quality_and_flags_against_torch(vectors: dict, backend: str) -> None:
-    ref_auc = _auc(*vectors["torch"])
+    ref = _torch_on_the_same_pairs(vectors, backend)
+    ref_auc = _auc(*ref)
     auc = _auc(*vectors[backend])
-    agree = float((_flags(*vectors[backend]) == _flags(*vectors["torch"])).mean())
+    agree = float((_flags(*vectors[backend]) == _flags(*ref)).mean())
     if backend == "static":  # a token table: ~50x cheaper, and measurably less precise (0.925 / 0.57)
         assert 0.9 < auc < ref_auc and agree >= 0.5
     else:
@@ -135,7 +149,7 @@ def test_torch_bf16_is_deterministic(cache_dir: Path, texts: dict, vectors: dict
     """Same texts, same batches -> the same bytes (a pipeline unit's batches depend on the
     config only, so worker counts do not change them)."""
     emb = Embedder(backend="torch-bf16", threads=2)
-    assert emb.encode(texts["responses"]).tobytes() == vectors["torch-bf16"][1].tobytes()
+    assert emb.encode(texts["responses"][_pairs("torch-bf16")]).tobytes() == vectors["torch-bf16"][1].tobytes()
     assert np.allclose(np.linalg.norm(vectors["torch-bf16"][1], axis=1), 1.0, atol=1e-5)  # normalised in fp32
 
 

