@@ -118,7 +118,7 @@ def test_config_mistakes_are_one_line(trained, tmp_path):
     cases = {
         "  - noise: {inputs: dynamics}\n": r"p\.yaml:6: stages\[0\]\.noise\.inputs: dynamics needs `dynamics: <training run folder>`",
         f"  - noise: {{inputs: dynamics, dynamics: {tmp_path}/none}}\n": r"stages\[0\]\.noise\.dynamics: .*no such",
-        f"  - noise: {{dynamics: {run}}}\n": r"noise\.dynamics: applies only with inputs: dynamics",
+        f"  - noise: {{dynamics: {run}, dynamics_cut: 0.5}}\n": r"noise\.dynamics_cut: applies only with inputs: dynamics",
         f"  - noise: {{inputs: dynamics, dynamics: {run}, dynamics_score: margin}}\n": r"noise\.dynamics_score",
         f"  - noise: {{inputs: dynamics, dynamics: {run}, rounds: 2}}\n": r"noise\.rounds: rounds > 1",
         f"  - noise: {{inputs: dynamics, dynamics: {tmp_path}}}\n": r"no dynamics\.arrow in this run folder",

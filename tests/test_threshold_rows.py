@@ -5,7 +5,6 @@ every row from the two runs together. Real banking77 rows, the tiny classifier, 
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from banking_slice import banking_rows, banking_shards
 
 from dataguard.config import ConfigError
 from dataguard.io.readers import InputSpec
@@ -44,16 +44,7 @@ def _settings(data: Path, out: Path, **kw) -> dict:
 def runs(tmp_path_factory) -> tuple[pa.Table, Path, Path]:
     """Four banking77 intents, 60 rows each; two runs, threshold sets 1 and 2."""
     tmp = tmp_path_factory.mktemp("threshold")
-    with BANKING.open(encoding="utf-8", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["category"] in CLASSES]
-    picked = [r for c in CLASSES for r in [x for x in rows if x["category"] == c][:60]]
-    with (tmp / "bank.csv").open("w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["text", "category"])
-        w.writeheader()
-        w.writerows(picked)
-    data = tmp / "shards"
-    Pipeline([], workers=1).run([InputSpec(path=str(tmp / "bank.csv"), format="labelled_text",
-                                           aliases={"category": "label"})], data)
+    data = banking_shards(tmp, banking_rows(CLASSES, 60))
     first, second = tmp / "t1", tmp / "t2"
     for part, run in ((1, first), (2, second)):
         Trainer(load_train_config(_settings(data, run, threshold_rows=part)), progress=False).fit()

@@ -75,9 +75,9 @@ def _fail(param: str, message: str) -> None:
 
 
 def check_together(method: str, threshold: float, probabilities: Any, inputs: str, temperature: float,
-                   rounds: int, dynamics: Any = None) -> dict[str, Any] | None:
-    """Rules between parameters, and the probabilities file's existence; with ``inputs:
-    dynamics`` the run's dynamics metadata (its file is read and checked now)."""
+                   rounds: int, dynamics: Any = None, dynamics_cut: Any = "auto") -> dict[str, Any] | None:
+    """Rules between parameters, and the probabilities file's existence; with ``dynamics``
+    the runs' dynamics metadata (their files are read and checked now)."""
     if inputs == "dynamics":
         if dynamics is None:
             _fail("inputs", "dynamics needs `dynamics: <training run folder>` beside it")
@@ -89,8 +89,21 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
             return check_run(dynamics)
         except ValueError as exc:
             _fail("dynamics", str(exc))
-    if dynamics is not None:
-        _fail("dynamics", "applies only with inputs: dynamics")
+    meta = None
+    if dynamics is not None:  # a second view beside the cross-validated one (two_views)
+        if rounds > 1:
+            _fail("rounds", "rounds > 1 refits the cross-validated classifier; beside a training run's dynamics "
+                            "use rounds: 1")
+        if dynamics_cut != "auto":
+            _fail("dynamics_cut", "applies only with inputs: dynamics; beside cross-validated inputs the method "
+                                  "decides how many rows are flagged")
+        try:
+            meta = check_run(dynamics)
+        except ValueError as exc:
+            _fail("dynamics", str(exc))
+        if meta["task"] != "classify":
+            _fail("dynamics", f"beside cross-validated inputs the run must be a classify run (this one is "
+                              f"{meta['task']}); an sft run goes with inputs: dynamics")
     if method == "confidence" and threshold >= 1.0:
         _fail("threshold", "must be < 1 with method: confidence (it flags max probability > threshold)")
     if probabilities is not None and str(probabilities).endswith(".npy") and not os.path.isfile(probabilities):
@@ -102,4 +115,4 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
     if rounds > 1 and probabilities is not None:
         _fail("rounds", "rounds > 1 refits the cross-validated classifier, which given probabilities do not "
                         "have; use rounds: 1 with probabilities")
-    return None
+    return meta

@@ -42,13 +42,19 @@ def fit_report(y: np.ndarray, est: NoiseEstimate, relabel: np.ndarray, k: int, a
             "joint_total": int(est.confident_joint.sum()), "pairs": top_pairs}
 
 
-def rule_text(method: str, filter_by: str, threshold: float) -> str:
-    """The flagging rule in words, for rejected rows' detail."""
+def rule_text(method: str, filter_by: str, threshold: float, second_view: str | None = None) -> str:
+    """The flagging rule in words, for rejected rows' detail (``second_view``: the training
+    dynamics score that ranked the rows with the out-of-fold margin)."""
     if method == "threshold":
-        return f"p(given) < {threshold:g}"
-    if method == "confidence":
-        return f"max p > {threshold:g} on another class"
-    return f"confident learning ({filter_by})"
+        rule = f"p(given) < {threshold:g}"
+    elif method == "confidence":
+        rule = f"max p > {threshold:g} on another class"
+    else:
+        rule = f"confident learning ({filter_by})"
+    if second_view is None:
+        return rule
+    name = "AUM" if second_view == "aum" else "confidence"
+    return f"{rule} count, rows ranked by out-of-fold margin and training {name} together"
 
 
 def summary(stage: Any, r: dict[str, Any], k: int) -> dict[str, Any]:
@@ -72,6 +78,8 @@ def summary(stage: Any, r: dict[str, Any], k: int) -> dict[str, Any]:
         out["probabilities"] = f"training dynamics of {', '.join(run_list(stage.dynamics))}"
         out["dynamics"] = stage.dynamics_log
         out["method"] = stage.dynamics_score
+    elif getattr(stage, "dynamics", None) is not None:
+        out["second_view"] = stage.dynamics_log
     if stage.probabilities and stage.inputs == "logits":
         out["inputs"] = f"logits (softmax, temperature {stage.temperature:g})"
     if stage.features == "auto" and stage.auto_choice:

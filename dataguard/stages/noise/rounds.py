@@ -27,6 +27,7 @@ import numpy as np
 
 from dataguard.stages.noise import views as views_mod
 from dataguard.stages.noise.confident import NoiseEstimate, estimate, within_budget
+from dataguard.stages.noise.two_views import combine
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,11 @@ def run_rounds(y: np.ndarray, probs: np.ndarray, first: NoiseEstimate,
 
 
 def estimate_issues(opts: CvOptions, summaries: Sequence[Any], y: np.ndarray, k: int,
-                    probs: np.ndarray | None) -> CvResult:
+                    probs: np.ndarray | None, second_view: np.ndarray | None = None) -> CvResult:
     """Out-of-sample probabilities from the stage's own feature views when none were given,
-    confident learning on them, the extra rounds and the flag budget."""
+    confident learning on them, the extra rounds and the flag budget. ``second_view``: a
+    training run's percentile rank per row (`dataguard.stages.noise.two_views`), which picks
+    the flagged rows together with the out-of-fold ranking."""
     kind, views, auto_choice, chosen = "", {}, {}, None
     used = None if opts.features == "auto" else opts.features
     if probs is None:
@@ -108,8 +111,12 @@ def estimate_issues(opts: CvOptions, summaries: Sequence[Any], y: np.ndarray, k:
             probs = np.zeros((0, k))
 
     def estimate_fn(p: np.ndarray) -> NoiseEstimate:
-        return estimate(y, p, method=opts.method, filter_by=opts.filter_by, threshold=opts.threshold,
-                        rank_by=opts.rank_by, min_rows_per_class=opts.min_rows_per_class)
+        if second_view is None:
+            return estimate(y, p, method=opts.method, filter_by=opts.filter_by, threshold=opts.threshold,
+                            rank_by=opts.rank_by, min_rows_per_class=opts.min_rows_per_class)
+        raw = estimate(y, p, method=opts.method, filter_by=opts.filter_by, threshold=opts.threshold,
+                       rank_by=opts.rank_by, min_rows_per_class=0)
+        return combine(raw, y, second_view, min_rows_per_class=opts.min_rows_per_class)
 
     est = estimate_fn(probs)
     round_log: list[dict[str, Any]] = []

@@ -54,6 +54,10 @@ A training run's own view of each row goes in with ``inputs: dynamics`` and ``dy
 (the run folder of `dataguard train`, whose ``dynamics.arrow`` is read and checked when the
 config loads): AUM or cartography confidence per row, a learned cut, the same budget and
 class protection; sft runs flag ``hard_to_fit`` rows (`dataguard.stages.noise.dynamics`).
+Beside cross-validated inputs (``features`` or ``probabilities``), ``dynamics: RUN`` is a
+second view: the method still decides how many rows are flagged, and the mean percentile rank
+of the out-of-fold margin and the run's AUM decides which (`dataguard.stages.noise.two_views`;
+banking77 at 20% noise: F1 0.900 alone, 0.934 with a fine-tuned MiniLM's AUM).
 
 Options (each measured in benchmarks/bench_label_noise.py): ``method: confidence`` is the
 seeds' rule (flag max probability > ``threshold`` on a class other than the given one);
@@ -81,7 +85,7 @@ import pyarrow.compute as pc
 from dataguard.embed import DEFAULT_BACKEND, embeddings_for, stage_embedder
 from dataguard.records import full_texts, prompt_texts, response_texts
 from dataguard.stage import Outcome, Stage
-from dataguard.stages.noise import dynamics_stage, report
+from dataguard.stages.noise import dynamics_stage, report, two_views
 from dataguard.stages.noise import params as P
 from dataguard.stages.noise.dynamics import run_list
 from dataguard.stages.noise.given import class_list, gather_probs
@@ -126,7 +130,7 @@ class NoiseStage(Stage):
                  model: str | None = None, batch_size: int = 64, threads: int | None = None,
                  backend: str = DEFAULT_BACKEND, max_seq_length: int | None = None,
                  dynamics: str | Sequence[str] | None = None, dynamics_score: str = "aum", dynamics_cut: str | float = "auto") -> None:
-        meta = P.check_together(method, threshold, probabilities, inputs, temperature, rounds, dynamics)
+        meta = P.check_together(method, threshold, probabilities, inputs, temperature, rounds, dynamics, dynamics_cut)
         runs = run_list(dynamics)
         self.dynamics: str | list[str] | None = (None if dynamics is None else runs[0]
                                                  if isinstance(dynamics, str | os.PathLike) else runs)
@@ -258,7 +262,12 @@ class NoiseStage(Stage):
         index = {c: i for i, c in enumerate(classes)}
         y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
         k = len(classes)
-        cv = estimate_issues(self._cv_options(), summaries, y, k, probs)
+        second = None
+        if self.dynamics is not None:  # a training run's view beside the cross-validated one
+            second, judged = two_views.dynamics_rank(run_list(self.dynamics), ids, self.dynamics_score)
+            self.dynamics_log = {"runs": run_list(self.dynamics), "score": self.dynamics_score,
+                                 "rows_judged": judged, "rows_unjudged": len(ids) - judged}
+        cv = estimate_issues(self._cv_options(), summaries, y, k, probs, second)
         probs, est = cv.probs, cv.est
         self.features_used, self.auto_choice, self.chosen_C = cv.features_used, cv.auto_choice, cv.chosen_C
         self.round_log, self.budget_log = cv.round_log, cv.budget_log
@@ -295,7 +304,8 @@ class NoiseStage(Stage):
         if self.dyn_task == "sft":
             return dynamics_stage.apply_sft(self, batch)
         rule = (dynamics_stage.rule_text(self) if self.inputs == "dynamics"
-                else report.rule_text(self.method, self.filter_by, self.threshold))
+                else report.rule_text(self.method, self.filter_by, self.threshold, self.dynamics_score
+                                      if self.dynamics is not None else None))
         rank = self.dynamics_score if self.inputs == "dynamics" else self.rank_by
         return judge(self._verdicts, batch, self._labels(batch), action=self.action, label_column=self.label_column,
                      stage=self.name, texts_of=TEXTS[self.text], rule=rule, rank=rank)
