@@ -413,6 +413,23 @@ def part_news_dynamics(args: argparse.Namespace) -> None:
             flagged = set(pos[np.asarray(kept.column("is_label_issue").fill_null(False).to_pylist(), bool)].tolist())
             rows.append([score, label, hits_at_budget(quality, news["errors"], 151), len(flagged),
                          len(flagged & news["errors"])])
+    # two views: the cross-validated TF-IDF probabilities (what auto picks for long posts, part
+    # news's cache) alone and with the run's dynamics beside them
+    cv_table = table_for(news["texts"], news["names"], "20news", None, "")
+    probs_path, _ = cached_probs({"features": "tfidf", "threads": args.threads}, cv_table, args.cache)
+    order = np.array([int(str(i).rsplit(":", 1)[1]) for i in table.column("id").to_pylist()])
+    aligned = work / "cv_probs_in_shard_order.npy"  # the .npy rule: one row per row reaching the stage, in order
+    np.save(aligned, np.load(probs_path)[order])
+    for tag, extra in (("cross-validated tfidf, alone", {}), ("cross-validated tfidf + aum", {"dynamics": str(run)}),
+                       ("cross-validated tfidf + cartography",
+                        {"dynamics": str(run), "dynamics_score": "cartography"})):
+        for label, budget in (("confident learning count", {}), ("max_flagged 151", {"max_flagged": 151})):
+            kept, _, _ = run_stage(NoiseStage(probabilities=str(aligned), **extra, **budget), table)
+            quality = np.full(len(news["texts"]), np.inf)
+            quality[order] = kept.column("label_quality").to_pylist()
+            flagged = set(order[np.asarray(kept.column("is_label_issue").fill_null(False).to_pylist(), bool)].tolist())
+            rows.append([tag, label, hits_at_budget(quality, news["errors"], 151), len(flagged),
+                         len(flagged & news["errors"])])
     print_table(f"20 Newsgroups: confirmed errors (of 82) from the dynamics of {run}",
                 ["score", "cut", "hits@151", "flagged", "found"], rows)
 
