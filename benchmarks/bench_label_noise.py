@@ -319,6 +319,15 @@ def cached_probs(stage_kwargs: dict, table: pa.Table, cache: Path | None) -> tup
     return str(path), summary
 
 
+def probs_in_shard_order(probs_path: str, table: pa.Table, work: Path) -> tuple[Path, np.ndarray]:
+    """(a copy of the cached probabilities in the shards' row order, each shard row's position in
+    the source): a ``.npy`` has one row per row reaching the stage, in order; ids end ``:<row>``."""
+    order = np.array([int(str(i).rsplit(":", 1)[1]) for i in table.column("id").to_pylist()])
+    aligned = work / "cv_probs_in_shard_order.npy"
+    np.save(aligned, np.load(probs_path)[order])
+    return aligned, order
+
+
 def verdicts(table: pa.Table, probs: str, **kwargs: object) -> tuple[np.ndarray, np.ndarray]:
     """(is_label_issue, label_quality) of a stage reading cached probabilities."""
     kept, _, _ = run_stage(NoiseStage(probabilities=probs, **kwargs), table)
@@ -417,9 +426,7 @@ def part_news_dynamics(args: argparse.Namespace) -> None:
     # news's cache) alone and with the run's dynamics beside them
     cv_table = table_for(news["texts"], news["names"], "20news", None, "")
     probs_path, _ = cached_probs({"features": "tfidf", "threads": args.threads}, cv_table, args.cache)
-    order = np.array([int(str(i).rsplit(":", 1)[1]) for i in table.column("id").to_pylist()])
-    aligned = work / "cv_probs_in_shard_order.npy"  # the .npy rule: one row per row reaching the stage, in order
-    np.save(aligned, np.load(probs_path)[order])
+    aligned, order = probs_in_shard_order(probs_path, table, work)
     for tag, extra in (("cross-validated tfidf, alone", {}), ("cross-validated tfidf + aum", {"dynamics": str(run)}),
                        ("cross-validated tfidf + cartography",
                         {"dynamics": str(run), "dynamics_score": "cartography"})):
@@ -599,9 +606,7 @@ def part_banking_dynamics(args: argparse.Namespace, embedder: Embedder) -> None:
     e_tr = embed_texts(tr_text, embedder, cache_dir=args.cache_dir)
     cv_table = table_for(tr_text, [classes[i] for i in noisy], "banking77", e_tr, embedder.model_id)
     probs_path, _ = cached_probs({"features": "auto", "threads": args.threads}, cv_table, args.cache)
-    order = np.array([int(str(i).rsplit(":", 1)[1]) for i in table.column("id").to_pylist()])
-    aligned = work / "cv_probs_in_shard_order.npy"  # the .npy rule: one row per row reaching the stage, in order
-    np.save(aligned, np.load(probs_path)[order])
+    aligned, order = probs_in_shard_order(probs_path, table, work)
     for tag, extra in (("cross-validated, alone", {}), ("cross-validated + aum", {"dynamics": str(run)}),
                        ("cross-validated + cartography", {"dynamics": str(run), "dynamics_score": "cartography"})):
         kept, _, _ = run_stage(NoiseStage(probabilities=str(aligned), action="flag", **extra), table)

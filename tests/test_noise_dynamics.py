@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from config_errors import assert_one_line_errors
 
-from dataguard.config import ConfigError, load_config
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.stages.noise.dynamics import aggregate, mixture_cut, robust_cut
@@ -123,8 +123,4 @@ def test_config_mistakes_are_one_line(trained, tmp_path):
         f"  - noise: {{inputs: dynamics, dynamics: {run}, rounds: 2}}\n": r"noise\.rounds: rounds > 1",
         f"  - noise: {{inputs: dynamics, dynamics: {tmp_path}}}\n": r"no dynamics\.arrow in this run folder",
     }
-    for stages, message in cases.items():
-        (tmp_path / "p.yaml").write_text(base + stages)
-        with pytest.raises(ConfigError, match=message) as err:
-            load_config(tmp_path / "p.yaml")
-        assert "\n" not in str(err.value)
+    assert_one_line_errors(tmp_path, base, cases)

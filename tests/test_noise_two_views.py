@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from banking_slice import BANKING, banking_rows, banking_shards
+from config_errors import assert_one_line_errors
 
-from dataguard.config import ConfigError, load_config
 from dataguard.io.readers import InputSpec
 from dataguard.pipeline import Pipeline
 from dataguard.stages.noise.dynamics import aggregate
@@ -133,8 +133,4 @@ def test_config_mistakes_are_one_line(noisy_run, tmp_path):
         f"  - noise: {{features: tfidf, dynamics: {run}, dynamics_cut: 0.5}}\n": r"noise\.dynamics_cut: applies only",
         f"  - noise: {{features: tfidf, dynamics: {tmp_path}}}\n": r"noise\.dynamics: .*no dynamics\.arrow",
     }
-    for stages, message in cases.items():
-        (tmp_path / "p.yaml").write_text(base + stages)
-        with pytest.raises(ConfigError, match=message) as err:
-            load_config(tmp_path / "p.yaml")
-        assert "\n" not in str(err.value)
+    assert_one_line_errors(tmp_path, base, cases)

@@ -42,6 +42,7 @@ from dataguard.stages.noise.confident import NoiseEstimate, budget_count, limit_
 from dataguard.train.dynamics.file import DynamicsFileError, dynamics_path, read_dynamics
 
 SCORES = ("aum", "cartography")
+SCORE_NAMES = {"aum": "AUM", "cartography": "confidence"}  # how rules and reports name each score
 HARD_TO_FIT_Z = 3.5
 THRESHOLD_PERCENTILE = 99.0  # Pleiss et al.: the threshold rows' 99th percentile AUM
 

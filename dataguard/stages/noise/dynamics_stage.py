@@ -76,8 +76,7 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
 def rule_text(stage: Any) -> str:
     """The flagging rule in words, for rejected rows' detail."""
     log = getattr(stage, "dynamics_log", {}) or {}
-    name = "AUM" if stage.dynamics_score == "aum" else "confidence"
-    return f"training dynamics: {name} < {log.get('cut_value')} ({log.get('cut')} cut)"
+    return f"training dynamics: {D.SCORE_NAMES[stage.dynamics_score]} < {log.get('cut_value')} ({log.get('cut')} cut)"
 
 
 def apply_sft(stage: Any, batch: pa.Table) -> Outcome:

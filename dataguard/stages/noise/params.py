@@ -8,7 +8,7 @@ error names its parameter (``param``), so a YAML config error points at that key
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 from dataguard.embed.settings import CONSTRAINTS as EMBEDDER
 from dataguard.params import (
@@ -70,8 +70,16 @@ CONSTRAINTS: dict[str, Allowed] = {
 }
 
 
-def _fail(param: str, message: str) -> None:
+def _fail(param: str, message: str) -> NoReturn:
     raise StageConfigError(f"{param}: {message}", param=param)
+
+
+def _checked_run(dynamics: Any) -> dict[str, Any]:
+    """The runs' dynamics metadata (`check_run`), its complaint as an error naming ``dynamics``."""
+    try:
+        return check_run(dynamics)
+    except ValueError as exc:
+        _fail("dynamics", str(exc))
 
 
 def check_together(method: str, threshold: float, probabilities: Any, inputs: str, temperature: float,
@@ -85,10 +93,7 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
             _fail("probabilities", "inputs: dynamics reads the run's dynamics.arrow, not probabilities")
         if rounds > 1:
             _fail("rounds", "rounds > 1 refits a cross-validated classifier; inputs: dynamics has none")
-        try:
-            return check_run(dynamics)
-        except ValueError as exc:
-            _fail("dynamics", str(exc))
+        return _checked_run(dynamics)
     meta = None
     if dynamics is not None:  # a second view beside the cross-validated one (two_views)
         if rounds > 1:
@@ -97,10 +102,7 @@ def check_together(method: str, threshold: float, probabilities: Any, inputs: st
         if dynamics_cut != "auto":
             _fail("dynamics_cut", "applies only with inputs: dynamics; beside cross-validated inputs the method "
                                   "decides how many rows are flagged")
-        try:
-            meta = check_run(dynamics)
-        except ValueError as exc:
-            _fail("dynamics", str(exc))
+        meta = _checked_run(dynamics)
         if meta["task"] != "classify":
             _fail("dynamics", f"beside cross-validated inputs the run must be a classify run (this one is "
                               f"{meta['task']}); an sft run goes with inputs: dynamics")

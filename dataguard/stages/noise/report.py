@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dataguard.stages.noise.confident import NoiseEstimate
-from dataguard.stages.noise.dynamics import run_list
+from dataguard.stages.noise.dynamics import SCORE_NAMES, run_list
 
 MAX_MATRIX_CLASSES = 25
 
@@ -53,8 +53,7 @@ def rule_text(method: str, filter_by: str, threshold: float, second_view: str | 
         rule = f"confident learning ({filter_by})"
     if second_view is None:
         return rule
-    name = "AUM" if second_view == "aum" else "confidence"
-    return f"{rule} count, rows ranked by out-of-fold margin and training {name} together"
+    return f"{rule} count, rows ranked by out-of-fold margin and training {SCORE_NAMES[second_view]} together"
 
 
 def summary(stage: Any, r: dict[str, Any], k: int) -> dict[str, Any]:

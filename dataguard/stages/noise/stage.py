@@ -264,8 +264,9 @@ class NoiseStage(Stage):
         k = len(classes)
         second = None
         if self.dynamics is not None:  # a training run's view beside the cross-validated one
-            second, judged = two_views.dynamics_rank(run_list(self.dynamics), ids, self.dynamics_score)
-            self.dynamics_log = {"runs": run_list(self.dynamics), "score": self.dynamics_score,
+            runs = run_list(self.dynamics)
+            second, judged = two_views.dynamics_rank(runs, ids, self.dynamics_score)
+            self.dynamics_log = {"runs": runs, "score": self.dynamics_score,
                                  "rows_judged": judged, "rows_unjudged": len(ids) - judged}
         cv = estimate_issues(self._cv_options(), summaries, y, k, probs, second)
         probs, est = cv.probs, cv.est

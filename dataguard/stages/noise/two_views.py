@@ -21,12 +21,13 @@ at the same 2,031 flags, both together 0.934.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from dataguard.stages.noise import dynamics as D
-from dataguard.stages.noise.confident import NoiseEstimate, protect_rare_classes
+from dataguard.stages.noise.confident import NoiseEstimate, limit_flags, protect_rare_classes
 
 
 def percentile_ranks(values: np.ndarray) -> np.ndarray:
@@ -53,7 +54,7 @@ def dynamics_rank(runs: Sequence[str], ids: list[str], score: str) -> tuple[np.n
         rows, meta = D.load(run)
         view = D.run_view(rows, set(meta["threshold_rows"]), ids, score=score, cut=0.0)
         ranks.append(percentile_ranks(view.quality))
-    stack = np.vstack(ranks) if ranks else np.full((1, len(ids)), np.nan)
+    stack = np.vstack(ranks)
     judged = np.isfinite(stack).sum(axis=0)
     mean = np.where(judged > 0, np.nansum(stack, axis=0) / np.maximum(judged, 1), np.nan)
     return mean, int((judged > 0).sum())
@@ -65,11 +66,6 @@ def combine(est: NoiseEstimate, y: np.ndarray, second: np.ndarray, *, min_rows_p
     rare-class protection. The combined rank becomes the row's label quality."""
     first = percentile_ranks(est.quality.astype(np.float64))
     quality = np.where(np.isfinite(second), (first + second) / 2.0, first)
-    count = int(est.is_issue.sum())
-    issue = np.zeros(len(y), dtype=bool)
-    order = np.lexsort((np.arange(len(y)), quality))
-    issue[order[:count]] = True
+    issue = limit_flags(np.ones(len(y), dtype=bool), quality, int(est.is_issue.sum()))  # the lowest, ties by row
     issue = protect_rare_classes(y, issue, quality, min_rows_per_class)
-    return NoiseEstimate(is_issue=issue, quality=quality.astype(np.float32), suggested=est.suggested,
-                         suggested_prob=est.suggested_prob, thresholds=est.thresholds,
-                         confident_joint=est.confident_joint, noise_matrix=est.noise_matrix)
+    return dataclasses.replace(est, is_issue=issue, quality=quality.astype(np.float32))
