@@ -38,7 +38,7 @@ from dataguard.run.shards import ShardTask, write_shards
 from dataguard.run.splits import SPLIT_BYTES, InputPlan
 from dataguard.run.units import run_side_tasks, run_units, unit_tasks
 from dataguard.run.workdir import RUNTIME_KEYS, WorkDir, fingerprint, without_runtime_keys
-from dataguard.stage import Stage, StageConfigError
+from dataguard.stage import Stage, StageConfigError, StageDataError
 
 __all__ = ["RUNTIME_KEYS", "Pipeline", "PipelineError", "RunResult", "Segment", "plan_segments"]
 
@@ -218,14 +218,17 @@ class Pipeline:
         in rounds, by running its rounds on the executor over the units' fit files."""
         stage = self.steps[i]
         summaries = [m["summaries"][i] for m in metas]
-        if not stage.fits_in_rounds():
-            stage.fit(summaries)
-            return
-        units = [UnitFitFiles(work.segment(segment), m["unit"], i) for m in metas]
-        ctx = RoundContext(folder=work.fit_folder(i), units=units,
-                           run=lambda tasks, desc: run_round(tasks, lambda pending: run_side_tasks(
-                               executor, pending, f"{stage.name}: {desc}", self.progress)))
-        stage.fit_rounds(summaries, ctx)
+        try:
+            if not stage.fits_in_rounds():
+                stage.fit(summaries)
+                return
+            units = [UnitFitFiles(work.segment(segment), m["unit"], i) for m in metas]
+            ctx = RoundContext(folder=work.fit_folder(i), units=units,
+                               run=lambda tasks, desc: run_round(tasks, lambda pending: run_side_tasks(
+                                   executor, pending, f"{stage.name}: {desc}", self.progress)))
+            stage.fit_rounds(summaries, ctx)
+        except StageDataError as exc:
+            raise PipelineError(f"stage {stage.name}: {exc}") from None
 
     def _executor(self) -> Executor:
         if self.executor == "ray":

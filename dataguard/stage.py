@@ -127,6 +127,12 @@ class StageConfigError(ValueError):
         self.problem = problem
 
 
+class StageDataError(ValueError):
+    """A stage's parameters are valid but the data it was fitted on cannot be judged with them
+    (a training run that saw none of these rows). Raised from ``fit``; the pipeline reports it
+    as one line naming the stage, not as a dataguard bug."""
+
+
 class UndeclaredReasonError(RuntimeError):
     """A stage rejected rows with a reason code it does not declare."""
 

@@ -5,6 +5,9 @@ mistake in the config is one line naming the file, line and key."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +127,24 @@ def test_config_mistakes_are_one_line(trained, tmp_path):
         f"  - noise: {{inputs: dynamics, dynamics: {tmp_path}}}\n": r"no dynamics\.arrow in this run folder",
     }
     assert_one_line_errors(tmp_path, base, cases)
+
+
+@pytest.mark.parametrize("noise", ["{inputs: dynamics, dynamics: RUN}", "{features: tfidf, dynamics: RUN}"])
+def test_a_run_of_other_rows_is_refused_in_one_line(trained, tmp_path, noise):
+    """A run that judged none of the rows (trained on other shards: no row id matches) would
+    flag nothing and read as clean data; `dataguard run` refuses it in one line instead."""
+    _, run = trained
+    other = tmp_path / "other.csv"  # the same rows under another input name: other ids
+    lines = BANKING.read_text(encoding="utf-8").splitlines()
+    other.write_text("\n".join([lines[0], *lines[1::50][:200]]) + "\n", encoding="utf-8")
+    (tmp_path / "p.yaml").write_text(
+        f"inputs:\n  - path: {other}\n    format: labelled_text\n    aliases: {{category: label}}\n"
+        f"stages:\n  - noise: {noise.replace('RUN', run)}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "dataguard", "run", str(tmp_path / "p.yaml"), "--output", str(out),
+                           "--no-report"], capture_output=True, text=True, env=dict(os.environ, DATAGUARD_TRACEBACK=""))
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "stage noise:" in lines[0] and f"training run {run} judged none of the 200 rows" in lines[0]
+    assert "internal error" not in lines[0]

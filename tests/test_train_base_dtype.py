@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from dataguard.config_yaml import ConfigError
+from dataguard.train import prepare
 from dataguard.train.checkpoint import latest_checkpoint
 from dataguard.train.config import load_train_config
 from dataguard.train.convert import convert_checkpoint
@@ -77,11 +78,30 @@ def test_bf16_lora_holds_the_base_in_bf16_trains_resumes_and_converts_in_bf16(sf
     assert not (tmp_path / "model8").exists()
 
 
-def test_full_fine_tuning_under_bf16_keeps_fp32_weights(sft_data, tmp_path):
-    Trainer(_cfg(sft_data, tmp_path / "run", precision="bf16", max_steps=2), progress=False).fit()
+def test_full_fine_tuning_under_bf16_keeps_fp32_weights(sft_data, tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"  # a CPU without bf16 units (like this CI box): the run says so
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    monkeypatch.setattr(prepare, "CPUINFO", cpuinfo)
+    with pytest.warns(UserWarning, match="bf16 on this CPU is emulated"):
+        Trainer(_cfg(sft_data, tmp_path / "run", precision="bf16", max_steps=2), progress=False).fit()
+    assert any("emulated" in n for n in json.loads((tmp_path / "run" / "run.json").read_text())["notes"])
     out = convert_checkpoint(tmp_path / "run", tmp_path / "model", "newest")
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+
+
+def test_cpu_bf16_units_are_read_from_cpuinfo(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(prepare, "CPUINFO", cpuinfo)
+    assert prepare.cpu_lacks_bf16() is False  # unreadable: no warning rather than a wrong one
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert prepare.cpu_lacks_bf16() is False
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16\n")
+    assert prepare.cpu_lacks_bf16() is False
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
+    assert prepare.cpu_lacks_bf16() is True
+    cpuinfo.write_text("processor\t: 0\n")  # no flags line (not x86): unknown, no warning
+    assert prepare.cpu_lacks_bf16() is False
 
 
 def test_qlora_is_refused_off_cuda_in_one_line_before_reading_shards(tmp_path):

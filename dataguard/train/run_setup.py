@@ -40,6 +40,7 @@ from dataguard.train.prepare import (
     check_resumable,
     choose_threads,
     class_tensors,
+    cpu_lacks_bf16,
     encode_split,
     fp8_layers,
     make_accelerator,
@@ -197,6 +198,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         notes.append(note)
         if device.type == "cpu":
             warn("precision fp8 on CPU is emulated: it checks the configuration, it is not faster")
+    if cfg.precision == "bf16" and device.type == "cpu" and cpu_lacks_bf16():
+        warn("precision bf16 on this CPU is emulated (no avx512_bf16 / amx_bf16): expect it to be many times "
+             "slower than fp32 (MiniLM measured ~20x); use fp32 on CPU unless the bf16 base is needed for memory")
     main = accelerator.is_main_process  # one writer of files under several processes
     rank, world = accelerator.process_index, accelerator.num_processes
     if world > cfg.batch_size:

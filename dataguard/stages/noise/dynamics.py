@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dataguard.stage import StageDataError
 from dataguard.stages.noise.confident import NoiseEstimate, budget_count, limit_flags, protect_rare_classes
 from dataguard.train.dynamics.file import DynamicsFileError, dynamics_path, read_dynamics
 
@@ -233,6 +234,16 @@ def sft_flags(rows: RowDynamics, ids: list[str], *, cut: float | str,
 def median_or_none(values: np.ndarray) -> float | None:
     v = values[np.isfinite(values)]
     return round(float(np.median(v)), 6) if v.size else None
+
+
+def require_judged(judged: int, rows: int, runs: list[str]) -> None:
+    """Refuse a run that judged none of the rows: its row ids are not these shards' (a run of
+    other data, or shards rebuilt with different ids), and flagging nothing would read as
+    clean data in the audit."""
+    if rows and not judged:
+        named = ", ".join(runs)
+        raise StageDataError(f"noise stage: the training run {named} judged none of the {rows} rows (no row id "
+                             "matches); was it trained on these shards?")
 
 
 def run_list(dynamics: Any) -> list[str]:
