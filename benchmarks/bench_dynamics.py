@@ -364,6 +364,7 @@ def arm_e(ns: argparse.Namespace) -> None:
     import yaml
 
     from dataguard.config import load_config
+    from dataguard.loop_rounds import feed_back
 
     csv_path, *_ = corrupted_csv()
     data_c, _, _ = bt.run_pipeline("c", csv_path)
@@ -374,15 +375,16 @@ def arm_e(ns: argparse.Namespace) -> None:
         res = train_run("c", data_c, run_c, seed, ns)
         bal_c, _ = bt.evaluate(res.checkpoint, test_texts, test_labels, 64)
         out = RESULTS / f"pipeline_e_seed{seed}"
-        stages = [{"noise": {"inputs": "dynamics", "dynamics": str(run_c), "action": "drop"}}]
-        stages += bt.pipeline_stages("c")
         cfg_path = RESULTS / f"pipeline_e_seed{seed}.yaml"
         cfg_path.write_text(yaml.safe_dump({"inputs": [{"path": str(csv_path), "name": "banking77_noisy",
                                                         "format": "labelled_text", "aliases": {"category": "label"}}],
-                                            "output": str(out), "report": False, "stages": stages}))
+                                            "output": str(out), "report": False, "stages": bt.pipeline_stages("c")}))
         if out.exists():
             shutil.rmtree(out)
         cfg = load_config(cfg_path)
+        # round 2 of `dataguard loop`, exactly: (c)'s CV noise stage gets run_c as its second view
+        cfg.stages, raw_stages, _ = feed_back(cfg.stages, cfg.raw["stages"], run_c)
+        cfg.raw = {**cfg.raw, "stages": raw_stages}
         cfg.pipeline(workers=1).run(cfg.inputs, out)
         kept = json.loads((out / "manifest.json").read_text())["counts"]["rows_kept"]
         res_e = train_run("c", out, RESULTS / f"run_e_seed{seed}", seed, ns)

@@ -267,19 +267,17 @@ def _refuse_threshold_rows(config: str, output: str) -> None:
 
 
 def _feed_back(config: Any, run: str) -> None:
-    """Put the exclude and dynamics-noise stages of ``run`` first (`dataguard.loop_rounds`)."""
-    from dataguard.loop_rounds import feedback_stages
+    """Feed ``run`` back into the config's stages (`dataguard.loop_rounds.feed_back`)."""
+    from dataguard.loop_rounds import feed_back
     from dataguard.stage import StageConfigError
 
     try:
-        stages = feedback_stages(Path(run))
+        stages, raw_stages, how = feed_back(config.stages, config.raw.get("stages") or [], Path(run))
     except StageConfigError as exc:
         raise CliError(f"loop: the previous round's run {run}: {exc}") from None
-    config.stages[0:0] = stages
-    resolved = str(Path(run).resolve())
-    config.raw = {**config.raw, "stages": [{"exclude": {"runs": [resolved]}},
-                                           {"noise": {"inputs": "dynamics", "dynamics": resolved, "action": "drop"}},
-                                           *(config.raw.get("stages") or [])]}
+    config.stages = stages
+    config.raw = {**config.raw, "stages": raw_stages}
+    print(f"loop: {how}")
 
 
 def exclude_runs(config: Any, runs: list[str]) -> None:

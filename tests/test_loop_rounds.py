@@ -4,13 +4,16 @@ the same rounds without retraining a finished one. Real pipeline, real tiny LM, 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
+from banking_slice import banking_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,3 +52,39 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
     assert again.stdout.count("training already finished") == 2
     assert (loop / "round2/run/dynamics.arrow").read_bytes() == first
     assert json.loads((loop / "round2/data/manifest.json").read_text()) == m2
+
+
+def test_a_classify_round_feeds_the_run_into_the_noise_stage_as_its_second_view(tmp_path):
+    """With a cross-validated noise stage in the config, round 2 gives it round 1's run as a
+    second view (two views beat either alone) instead of stacking a dynamics-only stage."""
+    rows = banking_rows(("card_arrival", "exchange_rate", "lost_or_stolen_card", "top_up_failed"), 30)
+    rng = np.random.default_rng(5)
+    for i in rng.choice(len(rows), size=12, replace=False).tolist():  # some flipped labels to find
+        rows[i] = {**rows[i], "category": "exchange_rate" if rows[i]["category"] != "exchange_rate" else "pin_blocked"}
+    with (tmp_path / "bank.csv").open("w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "category"])
+        w.writeheader()
+        w.writerows(rows)
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump({
+        "inputs": [{"path": str(tmp_path / "bank.csv"), "format": "labelled_text", "aliases": {"category": "label"}}],
+        "stages": [{"noise": {"features": "tfidf", "action": "drop", "min_rows_per_class": 0}}],
+        "train": {"task": "classify", "model": "tiny-classifier", "epochs": 4, "batch_size": 16, "lr": 3e-3,
+                  "eval_fraction": 0.0, "save_every": 1000, "tensorboard": False, "threads": 1}}))
+    loop = tmp_path / "loop"
+    done = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert done.returncode == 0, done.stderr
+    run1 = str((loop / "round1/run").resolve())
+    assert f"loop: {run1}'s dynamics are the second view of the noise stage already there" in done.stdout
+    m2 = json.loads((loop / "round2/data/manifest.json").read_text())
+    assert [s["name"] for s in m2["stages"] if s["name"] != "normalize"] == ["exclude", "noise"]
+    assert m2["config"]["stages"][1] == {"noise": {"features": "tfidf", "action": "drop", "min_rows_per_class": 0,
+                                                   "dynamics": run1}}
+    m1 = json.loads((loop / "round1/data/manifest.json").read_text())
+    assert m2["counts"]["rows_in"] == m1["counts"]["rows_in"] == 120 and m2["counts"]["balanced"] is True
+    first = next(s for s in m1["stages"] if s["name"] == "noise")
+    second = next(s for s in m2["stages"] if s["name"] == "noise")
+    assert first["rows_rejected"] > 0 and second["rows_rejected"] > 0
+    # round 1 trained on every row it kept (no eval split): the run judges exactly those
+    assert second["description"]["summary"]["second_view"]["rows_judged"] == m1["counts"]["rows_kept"]
+    assert "second_view" not in first["description"]["summary"]
