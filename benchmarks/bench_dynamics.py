@@ -34,9 +34,12 @@ of arm (a) as ``--detect`` trains it, each with a disjoint ``1/(c+1)`` of the ro
 class): flags with the cut they learn (their 99th percentile AUM), from run 1 alone and from
 both runs together, beside ``--detect``'s plain run with the mixture cut when it is there.
 
-``--arm-e``: (e) = arm (c) after one round of the loop: (c)'s pipeline plus ``noise: {inputs:
-dynamics, dynamics: RUN_c, action: drop}`` on (c)'s own training run (per seed), retrained
-with (c)'s settings; balanced accuracy on the clean test split beside (c) (``--seeds``).
+``--arm-e``: (e) = arm (c) after one round of the loop: (c)'s pipeline as round 2 of
+``dataguard loop`` builds it (`dataguard.loop_rounds.feed_back`: ``exclude`` for (c)'s own
+training run, per seed, and that run as the second view of (c)'s cross-validated ``noise``
+stage), retrained with (c)'s settings; balanced accuracy on the clean test split beside (c)
+(``--seeds``). Until 2026-12-03 round 2 stacked ``noise: {inputs: dynamics, dynamics: RUN_c,
+action: drop}`` in front of (c)'s stages instead; its table is kept below.
 
 Everything goes under ``benchmarks/results/bench_dynamics/`` (git-ignored).
 
@@ -193,10 +196,16 @@ def args_for(ns: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(batch_size=ns.batch_size, steps=ns.steps, lr=1e-4, head_lr_mult=10.0, max_length=64)
 
 
-def train_run(arm: str, data: Path, out: Path, seed: int, ns: argparse.Namespace, **extra: Any) -> Any:
+def train_run(arm: str, data: Path, out: Path, seed: int, ns: argparse.Namespace, reuse: bool = False,
+              **extra: Any) -> Any:
+    """Train ``arm``'s settings on ``data`` into ``out`` (from scratch; with ``reuse`` a run
+    there that already finished is kept)."""
+    from dataguard.loop_rounds import training_state
     from dataguard.train.config import load_train_config
     from dataguard.train.loop import Trainer
 
+    if reuse and training_state(out) == "done":
+        return argparse.Namespace(run_dir=out)
     if out.exists():
         shutil.rmtree(out)
     settings = {**bt.train_settings(arm, data, out, seed, args_for(ns)), "threads": ns.threads, **extra}
@@ -361,35 +370,55 @@ def threshold(ns: argparse.Namespace) -> None:
 
 
 def arm_e(ns: argparse.Namespace) -> None:
+    """(c) against (e) = two rounds of `dataguard loop` on (c)'s config, built by the loop's own
+    functions: round 1 flags instead of dropping (its run trains on and judges every row),
+    round 2 excludes what the run quarantined and drops by the two views."""
+    from dataguard.loop_rounds import feed_back, keep_for_the_next_view
+    from dataguard.train.checkpoint import latest_checkpoint
+    from dataguard.train.data import RunShards
+
+    csv_path, _, noisy, clean = corrupted_csv()
+    data_c, _, _ = bt.run_pipeline("c", csv_path)
+    test_texts, test_labels = bt.read_banking(bt.DATA / "test.csv")
+
+    def flips_left(data: Path) -> int:
+        ids = RunShards.open(data, task="classify").table.column("id").to_pylist()
+        return sum(noisy[p] != clean[p] for p in (int(str(i).rsplit(":", 1)[1]) for i in ids))
+
+    print("| arm | seed | rows trained on | flipped labels left | balanced acc. (%) |\n|---|---:|---:|---:|---:|")
+    for seed in [int(s) for s in ns.seeds.split(",")]:
+        run_c = train_run("c", data_c, RESULTS / f"run_c_seed{seed}", seed, ns, reuse=ns.reuse).run_dir
+        bal_c, _ = bt.evaluate(latest_checkpoint(run_c), test_texts, test_labels, 64)
+        data_r1 = loop_round_data("c", csv_path, RESULTS / f"pipeline_r1_seed{seed}",
+                                  lambda st: keep_for_the_next_view(st)[0])
+        run_r1 = train_run("c", data_r1, RESULTS / f"run_r1_seed{seed}", seed, ns, reuse=ns.reuse).run_dir
+        data_e = loop_round_data("c", csv_path, RESULTS / f"pipeline_e_seed{seed}",
+                                 lambda st, run=run_r1: feed_back(st, run)[0])
+        run_e = train_run("c", data_e, RESULTS / f"run_e_seed{seed}", seed, ns, reuse=ns.reuse).run_dir
+        bal_e, _ = bt.evaluate(latest_checkpoint(run_e), test_texts, test_labels, 64)
+        for arm, data, bal in (("(c)", data_c, bal_c), ("(e)", data_e, bal_e)):
+            kept = json.loads((data / "manifest.json").read_text())["counts"]["rows_kept"]
+            print(f"| {arm} | {seed} | {kept} | {flips_left(data)} | {100 * bal:.1f} |", flush=True)
+
+
+def loop_round_data(arm: str, csv_path: Path, out: Path, change: Any) -> Path:
+    """``arm``'s pipeline with its stages changed as a loop round changes them, run into ``out``."""
     import yaml
 
     from dataguard.config import load_config
-    from dataguard.loop_rounds import feed_back
+    from dataguard.loop_rounds import Stages
 
-    csv_path, *_ = corrupted_csv()
-    data_c, _, _ = bt.run_pipeline("c", csv_path)
-    test_texts, test_labels = bt.read_banking(bt.DATA / "test.csv")
-    print("| arm | seed | rows trained on | balanced acc. (%) |\n|---|---:|---:|---:|")
-    for seed in [int(s) for s in ns.seeds.split(",")]:
-        run_c = RESULTS / f"run_c_seed{seed}"
-        res = train_run("c", data_c, run_c, seed, ns)
-        bal_c, _ = bt.evaluate(res.checkpoint, test_texts, test_labels, 64)
-        out = RESULTS / f"pipeline_e_seed{seed}"
-        cfg_path = RESULTS / f"pipeline_e_seed{seed}.yaml"
-        cfg_path.write_text(yaml.safe_dump({"inputs": [{"path": str(csv_path), "name": "banking77_noisy",
-                                                        "format": "labelled_text", "aliases": {"category": "label"}}],
-                                            "output": str(out), "report": False, "stages": bt.pipeline_stages("c")}))
-        if out.exists():
-            shutil.rmtree(out)
-        cfg = load_config(cfg_path)
-        # round 2 of `dataguard loop`, exactly: (c)'s CV noise stage gets run_c as its second view
-        cfg.stages, raw_stages, _ = feed_back(cfg.stages, cfg.raw["stages"], run_c)
-        cfg.raw = {**cfg.raw, "stages": raw_stages}
-        cfg.pipeline(workers=1).run(cfg.inputs, out)
-        kept = json.loads((out / "manifest.json").read_text())["counts"]["rows_kept"]
-        res_e = train_run("c", out, RESULTS / f"run_e_seed{seed}", seed, ns)
-        bal_e, _ = bt.evaluate(res_e.checkpoint, test_texts, test_labels, 64)
-        print(f"| (c) | {seed} | | {100 * bal_c:.1f} |\n| (e) | {seed} | {kept} | {100 * bal_e:.1f} |", flush=True)
+    cfg_path = out.with_suffix(".yaml")
+    cfg_path.write_text(yaml.safe_dump({"inputs": [{"path": str(csv_path), "name": "banking77_noisy",
+                                                    "format": "labelled_text", "aliases": {"category": "label"}}],
+                                        "output": str(out), "report": False, "stages": bt.pipeline_stages(arm)}))
+    if out.exists():
+        shutil.rmtree(out)
+    cfg = load_config(cfg_path)
+    changed = change(Stages(cfg.stages, cfg.raw["stages"]))
+    cfg.stages, cfg.raw = changed.stages, {**cfg.raw, "stages": changed.raw}
+    cfg.pipeline(workers=1).run(cfg.inputs, out)
+    return out
 
 
 def swapped(ns: argparse.Namespace) -> None:
@@ -459,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--reuse", action="store_true", help="--detect: keep a finished training run")
+    parser.add_argument("--reuse", action="store_true", help="--detect, --arm-e: keep a finished training run")
     ns = parser.parse_args(argv)
     import torch
 

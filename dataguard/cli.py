@@ -184,8 +184,9 @@ def _run(args: argparse.Namespace) -> int:
               "(a stage reads it by name, e.g. as the validation split)", file=sys.stderr)
     if args.exclude:
         exclude_runs(config, args.exclude)
-    if getattr(args, "feedback", None):  # `dataguard loop`: the previous round's run, fed back
-        _feed_back(config, args.feedback)
+    prev_run, before_last = getattr(args, "feedback", None), getattr(args, "before_last", False)
+    if prev_run or before_last:  # a round of `dataguard loop`
+        _loop_round(config, prev_run, before_last)
     output = Path(args.output) if args.output else config.output
     if output is None:
         raise CliError(f"no output folder: pass --output or set `output:` in {args.config}")
@@ -266,18 +267,26 @@ def _refuse_threshold_rows(config: str, output: str) -> None:
                        "[RUN_1, RUN_2]}`)")
 
 
-def _feed_back(config: Any, run: str) -> None:
-    """Feed ``run`` back into the config's stages (`dataguard.loop_rounds.feed_back`)."""
-    from dataguard.loop_rounds import feed_back
+def _loop_round(config: Any, prev_run: str | None, before_last: bool) -> None:
+    """A loop round's stages: the previous round's run fed back, and, before the last round,
+    noise stages that flag so the next run judges every row (`dataguard.loop_rounds`). Each
+    change is said in a line: the round's data is not what `dataguard run` alone would write."""
+    from dataguard.loop_rounds import Stages, feed_back, keep_for_the_next_view
     from dataguard.stage import StageConfigError
 
-    try:
-        stages, raw_stages, how = feed_back(config.stages, config.raw.get("stages") or [], Path(run))
-    except StageConfigError as exc:
-        raise CliError(f"loop: the previous round's run {run}: {exc}") from None
-    config.stages = stages
-    config.raw = {**config.raw, "stages": raw_stages}
-    print(f"loop: {how}")
+    pipeline = Stages(config.stages, config.raw.get("stages") or [])
+    if prev_run:
+        try:
+            pipeline, how = feed_back(pipeline, Path(prev_run))
+        except StageConfigError as exc:
+            raise CliError(f"loop: the previous round's run {prev_run}: {exc}") from None
+        print(f"loop: {how}")
+    if before_last:
+        pipeline, how = keep_for_the_next_view(pipeline)
+        if how:
+            print(f"loop: {how}")
+    config.stages = pipeline.stages
+    config.raw = {**config.raw, "stages": pipeline.raw}
 
 
 def exclude_runs(config: Any, runs: list[str]) -> None:

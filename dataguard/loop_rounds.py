@@ -1,18 +1,24 @@
 """`dataguard loop CONFIG --rounds N`: run, train, flag from the dynamics, re-run, retrain.
 
-Round 1 is ``dataguard run`` + ``dataguard train`` as usual. Every later round re-runs the
-same pipeline with two stages put first (right after normalize) that feed the previous
-round's training run back into the data:
+Every round re-runs the same pipeline and trains on its output. From round 2 on, the previous
+round's training run is fed back into the data:
 
-- ``exclude: {runs: [PREV]}`` drops the rows its guard quarantined (``training_anomaly``);
-- the dynamics judge the rows. A classify run whose pipeline already has a cross-validated
-  ``noise`` stage (one round, the runner's ``label`` column) becomes that stage's second view
-  (``dynamics: PREV`` beside its inputs, `dataguard.stages.noise.two_views`): on banking77
-  with 20% flipped labels the two views reach F1 0.934 where the CV stage alone reaches 0.900
-  and the AUM alone 0.907, so stacking a separate dynamics stage in front of it would flag by
-  the weaker view. Otherwise (an sft run, or no such stage) ``noise: {inputs: dynamics,
-  dynamics: PREV, action: drop}`` goes first and drops the rows the dynamics flag (classify:
-  label issues by AUM; sft: ``hard_to_fit``);
+- ``exclude: {runs: [PREV]}`` goes first and drops the rows its guard quarantined
+  (``training_anomaly``);
+- its dynamics judge the rows. A classify run becomes the second view of the config's
+  cross-validated ``noise`` stages that drop or relabel (one round, the runner's ``label``
+  column, `dataguard.stages.noise.two_views`: ``dynamics: PREV`` beside their inputs). On
+  banking77 with 20% flipped labels the two views reach F1 0.934, the CV stage alone 0.900
+  and the AUM alone 0.907, so a dynamics-only stage in front would flag by a weaker view.
+  Otherwise (an sft run, or no such stage) ``noise: {inputs: dynamics, dynamics: PREV,
+  action: drop}`` goes first and drops the rows the dynamics flag (classify: label issues by
+  AUM; sft: ``hard_to_fit``).
+
+A view needs the run to have trained on the rows it judges: a row the run never drew keeps
+its cross-validated rank alone. So in every round before the last those noise stages flag
+instead of acting, the run trains on the rows they doubt, and the next round judges all of
+them; the last round drops or relabels as configured. Round 1's data and model are then a
+diagnostic, not what `dataguard run` alone would write; the last round's are the ones to ship.
 
 then trains again on the result. Everything lives under ``--output LOOP``::
 
@@ -25,7 +31,7 @@ not run again. Killing ``dataguard loop`` anywhere and starting it again with th
 arguments finishes the same rounds.
 
 The command functions are handed in by the CLI (`dataguard.cli`), so this module imports
-neither the CLI nor the stages at import time.
+neither the CLI nor the stages (only their base class) at import time.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from dataguard.stage import Stage, StageConfigError
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -60,42 +68,80 @@ def training_state(run: Path) -> str:
     return "done" if step >= total else "partial"
 
 
-def feed_back(stages: list[Any], raw_stages: list[Any], prev_run: Path) -> tuple[list[Any], list[Any], str]:
-    """``(stages, raw_stages, how)``: the pipeline's stages and their config entries (the
-    manifest records these) with ``prev_run`` fed back as the module docstring says; ``how``
-    says which way, in a line. A StageConfigError when the run cannot be read."""
-    from dataguard.stage import StageConfigError
+class Stages(NamedTuple):
+    """A round's pipeline stages and their config entries (what the manifest records), in step."""
+
+    stages: list[Stage]
+    raw: list[Any]
+
+
+def feed_back(pipeline: Stages, prev_run: Path) -> tuple[Stages, str]:
+    """``pipeline`` with ``prev_run`` fed back (module docstring) and a line saying how; a
+    StageConfigError when the run cannot be read."""
     from dataguard.stages.exclude import ExcludeStage
     from dataguard.stages.noise.dynamics import check_run
     from dataguard.stages.noise.stage import NoiseStage
 
+    _check_aligned(pipeline)
     run = str(prev_run.resolve())
     try:
         task = check_run(run)["task"]
     except ValueError as exc:
         raise StageConfigError(str(exc)) from None
-    stages, raw_stages = list(stages), list(raw_stages)
-    beside = [i for i, s in enumerate(stages) if task == "classify" and _takes_a_second_view(s, NoiseStage)]
-    for i in beside:
-        stages[i] = type(stages[i])(**stages[i].params(), dynamics=run)
-        name, params = _entry(raw_stages[i])
-        raw_stages[i] = {name: {**params, "dynamics": run}}
+    beside = second_view_steps(pipeline.stages) if task == "classify" else []
+    fed = _with_params(pipeline, beside, {"dynamics": run})
     if beside:
         how = f"{run}'s dynamics are the second view of the noise stage{'s' if len(beside) > 1 else ''} already there"
     else:
-        stages.insert(0, NoiseStage(inputs="dynamics", dynamics=run, action="drop"))
-        raw_stages.insert(0, {"noise": {"inputs": "dynamics", "dynamics": run, "action": "drop"}})
+        fed.stages.insert(0, NoiseStage(inputs="dynamics", dynamics=run, action="drop"))
+        fed.raw.insert(0, {"noise": {"inputs": "dynamics", "dynamics": run, "action": "drop"}})
         how = f"a noise stage from {run}'s dynamics drops the rows they flag"
-    stages.insert(0, ExcludeStage(runs=[run]))
-    raw_stages.insert(0, {"exclude": {"runs": [run]}})
-    return stages, raw_stages, how
+    fed.stages.insert(0, ExcludeStage(runs=[run]))
+    fed.raw.insert(0, {"exclude": {"runs": [run]}})
+    return fed, how
 
 
-def _takes_a_second_view(stage: Any, noise_class: type) -> bool:
-    """A cross-validated noise stage on the runner's label column, with no run beside it yet
-    and one round (two views refuse rounds > 1)."""
-    return (isinstance(stage, noise_class) and stage.inputs != "dynamics" and stage.dynamics is None
-            and stage.rounds == 1 and stage.label_column == "label")
+def keep_for_the_next_view(pipeline: Stages) -> tuple[Stages, str | None]:
+    """A round before the last: the noise stages that will take its run as their second view
+    flag instead of dropping or relabelling, so the run trains on every row they doubt and its
+    dynamics judge all of them (a row the run never drew keeps the cross-validated rank alone,
+    and the next round would just repeat this round's flags). The last round acts."""
+    _check_aligned(pipeline)
+    steps = second_view_steps(pipeline.stages)
+    if not steps:
+        return pipeline, None
+    return _with_params(pipeline, steps, {"action": "flag"}), \
+        "the noise stage flags (does not drop) this round, so its run judges every row for the next one"
+
+
+def second_view_steps(stages: list[Stage]) -> list[int]:
+    """The steps that take a classify run's dynamics as a second view: cross-validated noise
+    stages that act on labels (drop or relabel: a flag-only stage would leave the loop cleaning
+    nothing, so it gets the dynamics stage in front instead), on the runner's label column, one
+    round, the default cut (two views refuse rounds > 1 and a cut of their own)."""
+    from dataguard.stages.noise.stage import NoiseStage
+    from dataguard.train.data.manifest_schema import LABEL_COLUMN
+
+    return [i for i, s in enumerate(stages)
+            if isinstance(s, NoiseStage) and s.inputs != "dynamics" and s.dynamics is None
+            and s.action in ("drop", "relabel") and s.rounds == 1 and s.dynamics_cut == "auto"
+            and s.label_column == LABEL_COLUMN]
+
+
+def _with_params(pipeline: Stages, steps: list[int], params: dict[str, Any]) -> Stages:
+    """A copy of ``pipeline`` whose ``steps`` are rebuilt with ``params`` over their own."""
+    stages, raw = list(pipeline.stages), list(pipeline.raw)
+    for i in steps:
+        stages[i] = type(stages[i])(**{**stages[i].params(), **params})
+        name, given = _entry(raw[i])
+        raw[i] = {name: {**given, **params}}
+    return Stages(stages, raw)
+
+
+def _check_aligned(pipeline: Stages) -> None:
+    if len(pipeline.stages) != len(pipeline.raw):
+        raise ValueError(f"{len(pipeline.stages)} stages but {len(pipeline.raw)} config entries: cannot feed a "
+                         "run back")
 
 
 def _entry(item: Any) -> tuple[str, dict[str, Any]]:
@@ -116,7 +162,7 @@ def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo
         echo(f"== round {r} of {args.rounds}: data {data}" + (f", fed back from {prev}" if prev else ""))
         run(argparse.Namespace(config=args.config, input=None, output=str(data), report=None, no_report=False,
                                workers=args.workers, executor=None, fresh=False, quiet=args.quiet, exclude=None,
-                               feedback=str(prev) if prev else None))
+                               feedback=str(prev) if prev else None, before_last=r < args.rounds))
         state = training_state(run_dir)
         if state == "done":
             echo(f"== round {r}: training already finished in {run_dir}")

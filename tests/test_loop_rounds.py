@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from banking_slice import banking_rows
 
@@ -55,8 +56,9 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
 
 
 def test_a_classify_round_feeds_the_run_into_the_noise_stage_as_its_second_view(tmp_path):
-    """With a cross-validated noise stage in the config, round 2 gives it round 1's run as a
-    second view (two views beat either alone) instead of stacking a dynamics-only stage."""
+    """With a cross-validated noise stage that drops, round 1 only flags (so its run trains on
+    and judges every row), and round 2 gives that stage round 1's run as a second view instead
+    of stacking a dynamics-only stage in front."""
     rows = banking_rows(("card_arrival", "exchange_rate", "lost_or_stolen_card", "top_up_failed"), 30)
     rng = np.random.default_rng(5)
     for i in rng.choice(len(rows), size=12, replace=False).tolist():  # some flipped labels to find
@@ -66,25 +68,53 @@ def test_a_classify_round_feeds_the_run_into_the_noise_stage_as_its_second_view(
         w.writeheader()
         w.writerows(rows)
     config = tmp_path / "p.yaml"
+    noise = {"features": "tfidf", "action": "drop", "min_rows_per_class": 0}
     config.write_text(yaml.safe_dump({
         "inputs": [{"path": str(tmp_path / "bank.csv"), "format": "labelled_text", "aliases": {"category": "label"}}],
-        "stages": [{"noise": {"features": "tfidf", "action": "drop", "min_rows_per_class": 0}}],
+        "stages": [{"noise": noise}],
         "train": {"task": "classify", "model": "tiny-classifier", "epochs": 4, "batch_size": 16, "lr": 3e-3,
                   "eval_fraction": 0.0, "save_every": 1000, "tensorboard": False, "threads": 1}}))
     loop = tmp_path / "loop"
     done = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
     assert done.returncode == 0, done.stderr
     run1 = str((loop / "round1/run").resolve())
+    assert "loop: the noise stage flags (does not drop) this round" in done.stdout
     assert f"loop: {run1}'s dynamics are the second view of the noise stage already there" in done.stdout
-    m2 = json.loads((loop / "round2/data/manifest.json").read_text())
-    assert [s["name"] for s in m2["stages"] if s["name"] != "normalize"] == ["exclude", "noise"]
-    assert m2["config"]["stages"][1] == {"noise": {"features": "tfidf", "action": "drop", "min_rows_per_class": 0,
-                                                   "dynamics": run1}}
     m1 = json.loads((loop / "round1/data/manifest.json").read_text())
-    assert m2["counts"]["rows_in"] == m1["counts"]["rows_in"] == 120 and m2["counts"]["balanced"] is True
+    m2 = json.loads((loop / "round2/data/manifest.json").read_text())
+    assert m1["config"]["stages"] == [{"noise": {**noise, "action": "flag"}}]
+    assert m2["config"]["stages"] == [{"exclude": {"runs": [run1]}}, {"noise": {**noise, "dynamics": run1}}]
+    assert [s["name"] for s in m2["stages"] if s["name"] != "normalize"] == ["exclude", "noise"]
     first = next(s for s in m1["stages"] if s["name"] == "noise")
     second = next(s for s in m2["stages"] if s["name"] == "noise")
-    assert first["rows_rejected"] > 0 and second["rows_rejected"] > 0
-    # round 1 trained on every row it kept (no eval split): the run judges exactly those
-    assert second["description"]["summary"]["second_view"]["rows_judged"] == m1["counts"]["rows_kept"]
-    assert "second_view" not in first["description"]["summary"]
+    assert m1["counts"]["rows_kept"] == 120 and first["description"]["summary"]["label_issues"] > 0
+    # round 1 trained on every row (it only flagged; no eval split): its run judges them all
+    assert second["description"]["summary"]["second_view"]["rows_judged"] == 120
+    assert second["rows_rejected"] > 0 and m2["counts"]["balanced"] is True and m2["counts"]["rows_in"] == 120
+    _feed_back_edge_cases(Path(run1))
+
+
+def _feed_back_edge_cases(run: Path) -> None:
+    """Which noise stages take the run as their second view, and which get a dynamics stage."""
+    from dataguard.loop_rounds import Stages, feed_back, keep_for_the_next_view
+    from dataguard.stages.noise.stage import NoiseStage
+
+    def fed(*entries: dict) -> list:
+        stages = [NoiseStage(**next(iter(e.values()))) for e in entries]
+        out, _ = feed_back(Stages(stages, list(entries)), run)
+        return out.raw
+
+    run_s = str(run.resolve())
+    exclude = {"exclude": {"runs": [run_s]}}
+    stacked = {"noise": {"inputs": "dynamics", "dynamics": run_s, "action": "drop"}}
+    # an explicit `dynamics: null` is still a stage without a run
+    assert fed({"noise": {"dynamics": None, "action": "relabel"}}) == [
+        exclude, {"noise": {"dynamics": run_s, "action": "relabel"}}]
+    # a flag-only stage (the default) would leave the loop cleaning nothing: a dynamics stage goes first
+    assert fed({"noise": {}}) == [exclude, stacked, {"noise": {}}]
+    assert fed({"noise": {"rounds": 2, "action": "drop"}}) == [exclude, stacked, {"noise": {"rounds": 2, "action": "drop"}}]
+    assert fed({"noise": {"label_column": "intent", "action": "drop"}})[1] == stacked
+    kept, how = keep_for_the_next_view(Stages([NoiseStage()], [{"noise": {}}]))
+    assert how is None and kept.raw == [{"noise": {}}]
+    with pytest.raises(ValueError, match="1 stages but 0 config entries"):
+        feed_back(Stages([NoiseStage()], []), run)

@@ -87,7 +87,7 @@ from dataguard.records import full_texts, prompt_texts, response_texts
 from dataguard.stage import Outcome, Stage
 from dataguard.stages.noise import dynamics_stage, report, two_views
 from dataguard.stages.noise import params as P
-from dataguard.stages.noise.dynamics import require_judged, run_list
+from dataguard.stages.noise.dynamics import run_list
 from dataguard.stages.noise.given import class_list, gather_probs
 from dataguard.stages.noise.rounds import CvOptions, estimate_issues
 from dataguard.stages.noise.verdicts import REASON, Verdicts, judge
@@ -266,7 +266,6 @@ class NoiseStage(Stage):
         if self.dynamics is not None:  # a training run's view beside the cross-validated one
             runs = run_list(self.dynamics)
             second, judged = two_views.dynamics_rank(runs, ids, self.dynamics_score)
-            require_judged(judged, len(ids), runs)
             self.dynamics_log = {"runs": runs, "score": self.dynamics_score,
                                  "rows_judged": judged, "rows_unjudged": len(ids) - judged}
         cv = estimate_issues(self._cv_options(), summaries, y, k, probs, second)
