@@ -52,19 +52,30 @@ def round_dirs(loop_dir: Path, r: int) -> tuple[Path, Path]:
     return loop_dir / f"round{r}" / "data", loop_dir / f"round{r}" / "run"
 
 
-def training_state(run: Path) -> str:
-    """``new`` (no checkpoint), ``done`` (the newest checkpoint is at the run's last step) or
-    ``partial`` (continue with --resume)."""
+def training_state(run: Path, data: Path | None = None) -> str:
+    """``new`` (no checkpoint), ``done`` (the newest checkpoint is at the run's last step),
+    ``partial`` (continue with --resume) or ``stale`` (its checkpoint trained on other shards
+    than ``data``'s: the config or the inputs changed since; neither done nor resumable)."""
     from dataguard.train.checkpoint import latest_checkpoint
+    from dataguard.train.data.shards import shards_fingerprint
 
     latest = latest_checkpoint(run) if run.is_dir() else None
     if latest is None:
         return "new"
     try:
         total = int(json.loads((run / "run.json").read_text(encoding="utf-8"))["total_steps"])
-        step = int(json.loads((latest / "state.json").read_text(encoding="utf-8"))["step"])
+        state = json.loads((latest / "state.json").read_text(encoding="utf-8"))
+        step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return "partial"
+    trained_on = (state.get("extra") or {}).get("data_sha256")
+    if data is not None and trained_on:
+        try:
+            now = shards_fingerprint(json.loads((data / "manifest.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            now = None
+        if now != trained_on:
+            return "stale"
     return "done" if step >= total else "partial"
 
 
@@ -163,7 +174,13 @@ def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo
         run(argparse.Namespace(config=args.config, input=None, output=str(data), report=None, no_report=False,
                                workers=args.workers, executor=None, fresh=False, quiet=args.quiet, exclude=None,
                                feedback=str(prev) if prev else None, before_last=r < args.rounds))
-        state = training_state(run_dir)
+        state = training_state(run_dir, data)
+        if state == "stale":
+            from dataguard.cli_common import CliError
+
+            raise CliError(f"loop: round {r}'s data changed since {run_dir} trained on it (the config or its inputs "
+                           f"changed); its model and the later rounds' would not follow from this config: loop "
+                           "into a new --output")
         if state == "done":
             echo(f"== round {r}: training already finished in {run_dir}")
         else:

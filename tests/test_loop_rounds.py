@@ -54,6 +54,15 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
     assert (loop / "round2/run/dynamics.arrow").read_bytes() == first
     assert json.loads((loop / "round2/data/manifest.json").read_text()) == m2
 
+    # the config changed since: round 1's data is rebuilt, and its finished run no longer
+    # follows from it, so the loop refuses in one line instead of keeping the old models
+    changed = yaml.safe_load(config.read_text())
+    changed["stages"][0]["length"]["factor"] = 1.2
+    config.write_text(yaml.safe_dump(changed))
+    stale = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert stale.returncode == 2 and "Traceback" not in stale.stderr
+    assert len(stale.stderr.strip().splitlines()) == 1 and "round 1's data changed since" in stale.stderr
+
 
 def test_a_classify_round_feeds_the_run_into_the_noise_stage_as_its_second_view(tmp_path):
     """With a cross-validated noise stage that drops, round 1 only flags (so its run trains on

@@ -292,3 +292,26 @@ def test_fp8_trains_through_torchao_and_refuses_lora(sft_run, tmp_path):
     assert not torch.equal(first[mlp], last[mlp]) and first[mlp].dtype == torch.float32
     with pytest.raises(ConfigError, match="precision: fp8 does not combine with lora"):  # at load, naming the key
         _sft(sft_run, tmp_path / "fp8-lora", precision="fp8", lora={"r": 4})
+
+
+def test_a_resume_on_rebuilt_shards_is_refused(tmp_path):
+    """The sampler's position indexes rows: resuming on other shards at the same path would mix
+    two datasets in one run. Checkpoints record the shards' fingerprint; such a resume is refused
+    in one line, and the same shards still resume."""
+    src = json.loads((REPO / "sample_data/alpaca_en_demo.json").read_text())
+    (tmp_path / "a.json").write_text(json.dumps(src[:120]))
+    data = tmp_path / "data"
+    Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "a.json"), name="a")], data)
+    Trainer(_sft(data, tmp_path / "run", save_every=2)).fit(stop_after=2)
+    from dataguard.train.data import RunShards
+
+    state = json.loads((latest_checkpoint(tmp_path / "run") / "state.json").read_text())
+    assert state["extra"]["data_sha256"] == RunShards.open(data, task="sft").fingerprint
+    (tmp_path / "a.json").write_text(json.dumps(src[:100]))  # the same input, fewer rows, rebuilt in place
+    Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "a.json"), name="a")], data, fresh=True)
+    with pytest.raises(TrainError, match=r"the shards in .*data changed since step-000002 was saved") as err:
+        Trainer(_sft(data, tmp_path / "run", save_every=2)).fit(resume=True)
+    assert "\n" not in str(err.value)
+    (tmp_path / "a.json").write_text(json.dumps(src[:120]))  # the rows it trained on: resumes
+    Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "a.json"), name="a")], data, fresh=True)
+    assert Trainer(_sft(data, tmp_path / "run", save_every=2)).fit(resume=True).steps == 6

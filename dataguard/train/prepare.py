@@ -159,12 +159,19 @@ def choose_threads(cfg: TrainConfig, run_dir: Path, resume: bool) -> dict[str, A
             "from": f"{cpus} usable CPU{'s' * (cpus > 1)} / {local} local process{'es' * (local > 1)}"}
 
 
-def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path) -> None:
-    """Refuse a resume whose settings would not continue the same run."""
+def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, data: str) -> None:
+    """Refuse a resume whose settings or shards (``data``: their fingerprint) would not
+    continue the same run: the sampler's position indexes rows, so other rows would mix two
+    datasets in one run without a word."""
     try:
-        saved = json.loads((latest / "state.json").read_text()).get("config") or {}
+        state = json.loads((latest / "state.json").read_text())
     except (OSError, ValueError) as exc:
         raise TrainError(f"{latest}: unreadable state.json ({exc})") from None
+    saved = state.get("config") or {}
+    before = (state.get("extra") or {}).get("data_sha256")
+    if before and before != data:  # older checkpoints did not record it
+        raise TrainError(f"cannot resume {run_dir}: the shards in {cfg.data} changed since {latest.name} was saved "
+                         "(other rows or another pipeline run); train into a new output")
     mine = cfg.to_dict()
     changed = [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
                if k in saved and saved[k] != mine.get(k) and not _same_path(k, saved[k], mine.get(k))]

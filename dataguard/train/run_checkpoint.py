@@ -79,7 +79,8 @@ def save_run_checkpoint(run: CheckpointedRun, more_files: dict[str, dict[str, to
     cfg, state, parts, guard = run.cfg, run.state, run.trainables, run.guard
     extra = {"skipped_steps": state.skipped, "best": dict(state.best),
              "grad_variance": run.gvs.state_dict() if run.gvs is not None else None,
-             "guard": guard.state_dict() if guard is not None else None, "faults": run.plan.state_dict()}
+             "guard": guard.state_dict() if guard is not None else None, "faults": run.plan.state_dict(),
+             "data_sha256": state.data}
     snapshots = snapshot_to_save(guard.snapshots if guard is not None else None, run.run_dir, state.step)
     try:
         return ckpt_mod.save_checkpoint(

@@ -124,7 +124,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
                                             if newest is not None and newest != latest else "")
                    if latest_verified else "intact checkpoint (none was verified by the guard yet)"))
     if resume and latest is not None:
-        check_resumable(cfg, run_dir, latest)
+        check_resumable(cfg, run_dir, latest, run.fingerprint)
     if resume and latest is None:
         echo(f"no complete checkpoint in {run_dir}; starting from step 0")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     vocab_size = int(getattr(raw_model.config, "vocab_size", 0) or 0) or 256
 
     parts = Trainables(raw_model, optimizer, scheduler, scaler)
-    state = RunState()
+    state = RunState(data=run.fingerprint)
     rng_state = None
     if resume and latest is not None:
         loaded = ckpt_mod.load_checkpoint(latest, raw_model, optimizer, scheduler, scaler)

@@ -40,3 +40,4 @@ class RunState:
     saved: bool = False
     last_eval: dict[str, float] | None = None
     stopped_early: bool = False
+    data: str = ""  # the shards' fingerprint (RunShards.fingerprint): checkpoints record it

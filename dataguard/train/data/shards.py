@@ -9,6 +9,8 @@ tokenizer counted it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,13 @@ class RunShards:
     @property
     def ids(self) -> list[str]:
         return [str(i) for i in self.table.column("id").to_pylist()]
+
+    @property
+    def fingerprint(self) -> str:
+        """The kept rows' identity: a hash of the data shards' names and sha256 (the manifest
+        has them; outputs are deterministic, so the same rows give the same value). A
+        checkpoint records it, so a resume on rebuilt shards is refused, not mixed."""
+        return shards_fingerprint(self.manifest)
 
     @classmethod
     def open(cls, folder: str | Path, task: str | None = None) -> RunShards:
@@ -160,3 +169,9 @@ def tokenizer_mismatch(counted_by: str | None, tokenizer: Any) -> str | None:
     return (f"the length cap was counted with tokenizer {counted_by!r} but the model's tokenizer is "
             f"{name or type(tokenizer).__name__!r}; max_length is approximate (set max_length, or run the "
             "length stage with this model's tokenizer)")
+
+
+def shards_fingerprint(manifest: dict[str, Any]) -> str:
+    """`RunShards.fingerprint` of a manifest (also read without opening the rows)."""
+    listed = [[str(f.get("path")), str(f.get("sha256"))] for f in (manifest.get("outputs") or {}).get("data") or []]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()
