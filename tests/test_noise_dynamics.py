@@ -148,3 +148,23 @@ def test_a_run_of_other_rows_is_refused_in_one_line(trained, tmp_path, noise):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "stage noise:" in lines[0] and f"training run {run} judged none of the 200 rows" in lines[0]
     assert "internal error" not in lines[0]
+
+
+def test_each_run_of_a_list_must_judge_some_rows(trained, tmp_path):
+    """A wrong run beside a right one would otherwise go unnoticed: each is checked alone."""
+    from dataguard.stage import StageDataError
+
+    table, run = trained
+    lines = BANKING.read_text(encoding="utf-8").splitlines()
+    (tmp_path / "other.csv").write_text("\n".join([lines[0], *lines[2::50][:60]]) + "\n", encoding="utf-8")
+    data = tmp_path / "shards"
+    Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "other.csv"), format="labelled_text",
+                                           aliases={"category": "label"})], data)
+    other = tmp_path / "run"
+    Trainer(load_train_config({"task": "classify", "model": "tiny-classifier", "data": str(data), "output": str(other),
+                               "epochs": 1, "batch_size": 16, "lr": 3e-3, "save_every": 1000, "eval_every": 1000,
+                               "tensorboard": False, "logit_adjustment": False, "threads": 1}), progress=False).fit()
+    for params in ({"inputs": "dynamics"}, {"features": "tfidf"}):
+        stage = NoiseStage(**params, dynamics=[run, str(other)])
+        with pytest.raises(StageDataError, match=f"training run {other} judged none of the 200 rows"):
+            stage.fit([stage.summarize(table)])
