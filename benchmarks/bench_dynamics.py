@@ -163,9 +163,9 @@ the clean banking77 test split:
 pooled standard deviations of the seeds (0.64), 1.8 of (c)'s alone (0.85), 1.7 of the
 paired differences (0.91): past the "2 SD" goal by the pooled reading, not by the stricter
 two. Why it helps: the two views drop 338 rows where (c)'s CV stage drops 381, and leave
-fewer flipped labels (83-85 vs 86), so (e) trains on ~45 more clean rows, most of them from
-rare classes that confident learning's count had thinned. (c)'s numbers reproduce the
-previous session's to the digit.
+fewer flipped labels (83-85 vs 86), so (e) trains on ~45 more clean rows (seed 0: all 44 in
+the head half of the classes; the rarer half keeps 191 rows against (c)'s 192). (c)'s
+numbers reproduce the previous session's to the digit.
 
 Before (2026-12-02, commit 9d700df): round 2 stacked a dynamics-only stage in front of (c)'s
 and round 1 had dropped (c)'s flags, so its run never judged them:
