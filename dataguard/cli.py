@@ -333,6 +333,12 @@ def _print_result(result: Any, output: Path) -> None:
     print(f"shards:   {output / 'data'}")
     print(f"rejected: {output / 'rejected'}")
     print(f"manifest: {output / 'manifest.json'}")
+    for stage in result.manifest.get("stages") or []:
+        summary = (stage.get("description") or {}).get("summary") or {}
+        if stage.get("name") == "exclude" and summary.get("rows_quarantined") and not summary.get("rows_excluded"):
+            print(f"dataguard: note: exclude: none of the {summary['rows_quarantined']} rows quarantined by "
+                  f"{summary.get('runs')} is in these inputs (no row id matches); was the run trained on this "
+                  "data?", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -173,5 +173,15 @@ def test_a_garbage_batch_is_named_on_the_page_and_excluded_next_run(tmp_path):
     audit = (tmp_path / "data2/audit.html").read_text()
     assert f'id="{row_anchor(rows[0])}"' in audit
 
+    # a run of other inputs: nothing matches, the run still succeeds, and the CLI says so in one line
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"inputs": [{"path": str(REPO / "sample_data/alpaca_en_demo.json"),
+                                                 "name": "renamed"}], "output": str(tmp_path / "other")}))
+    done = _cli("run", str(other), "--quiet", "--no-report", "--exclude", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert "note: exclude: none of the 4 rows quarantined by" in done.stderr and done.stderr.count("\n") == 1
+    assert "note: exclude" not in _cli("run", str(config), "--quiet", "--no-report", "--output",
+                                       str(tmp_path / "data4"), "--exclude", str(tmp_path / "run")).stderr
+
     bad = _cli("run", str(config), "--output", str(tmp_path / "data3"), "--exclude", str(tmp_path / "nope"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such training run folder" in bad.stderr
