@@ -35,7 +35,7 @@ class): flags with the cut they learn (their 99th percentile AUM), from run 1 al
 both runs together, beside ``--detect``'s plain run with the mixture cut when it is there.
 
 ``--arm-e``: (e) = arm (c) after one round of the loop: (c)'s pipeline as round 2 of
-``dataguard loop`` builds it (`dataguard.loop_rounds.feed_back`: ``exclude`` for (c)'s own
+``dataguard loop`` builds it (`dataguard.loop_rounds.loop_round`: ``exclude`` for (c)'s own
 training run, per seed, and that run as the second view of (c)'s cross-validated ``noise``
 stage), retrained with (c)'s settings; balanced accuracy on the clean test split beside (c)
 (``--seeds``). Until 2026-12-03 round 2 stacked ``noise: {inputs: dynamics, dynamics: RUN_c,
@@ -393,7 +393,7 @@ def arm_e(ns: argparse.Namespace) -> None:
     """(c) against (e) = two rounds of `dataguard loop` on (c)'s config, built by the loop's own
     functions: round 1 flags instead of dropping (its run trains on and judges every row),
     round 2 excludes what the run quarantined and drops by the two views."""
-    from dataguard.loop_rounds import feed_back, keep_for_the_next_view
+    from dataguard.loop_rounds import loop_round
     from dataguard.train.checkpoint import latest_checkpoint
     from dataguard.train.data import RunShards
 
@@ -410,10 +410,10 @@ def arm_e(ns: argparse.Namespace) -> None:
         run_c = train_run("c", data_c, RESULTS / f"run_c_seed{seed}", seed, ns, reuse=ns.reuse).run_dir
         bal_c, _ = bt.evaluate(latest_checkpoint(run_c), test_texts, test_labels, 64)
         data_r1 = loop_round_data("c", csv_path, RESULTS / f"pipeline_r1_seed{seed}",
-                                  lambda st: keep_for_the_next_view(st)[0])
+                                  lambda st: loop_round(st, None, before_last=True)[0])
         run_r1 = train_run("c", data_r1, RESULTS / f"run_r1_seed{seed}", seed, ns, reuse=ns.reuse).run_dir
         data_e = loop_round_data("c", csv_path, RESULTS / f"pipeline_e_seed{seed}",
-                                 lambda st, run=run_r1: feed_back(st, run)[0])
+                                 lambda st, run=run_r1: loop_round(st, run, before_last=False)[0])
         run_e = train_run("c", data_e, RESULTS / f"run_e_seed{seed}", seed, ns, reuse=ns.reuse).run_dir
         bal_e, _ = bt.evaluate(latest_checkpoint(run_e), test_texts, test_labels, 64)
         for arm, data, bal in (("(c)", data_c, bal_c), ("(e)", data_e, bal_e)):

@@ -268,23 +268,18 @@ def _refuse_threshold_rows(config: str, output: str) -> None:
 
 
 def _loop_round(config: Any, prev_run: str | None, before_last: bool) -> None:
-    """A loop round's stages: the previous round's run fed back, and, before the last round,
-    noise stages that flag so the next run judges every row (`dataguard.loop_rounds`). Each
-    change is said in a line: the round's data is not what `dataguard run` alone would write."""
-    from dataguard.loop_rounds import Stages, feed_back, keep_for_the_next_view
+    """A loop round's stages (`dataguard.loop_rounds.loop_round`). Each change is said in a
+    line: the round's data is not what `dataguard run` alone would write."""
+    from dataguard.loop_rounds import Stages, loop_round
     from dataguard.stage import StageConfigError
 
-    pipeline = Stages(config.stages, config.raw.get("stages") or [])
-    if prev_run:
-        try:
-            pipeline, how = feed_back(pipeline, Path(prev_run))
-        except StageConfigError as exc:
-            raise CliError(f"loop: the previous round's run {prev_run}: {exc}") from None
-        print(f"loop: {how}")
-    if before_last:
-        pipeline, how = keep_for_the_next_view(pipeline)
-        if how:
-            print(f"loop: {how}")
+    try:
+        pipeline, notes = loop_round(Stages(config.stages, config.raw.get("stages") or []),
+                                     Path(prev_run) if prev_run else None, before_last=before_last)
+    except StageConfigError as exc:
+        raise CliError(f"loop: the previous round's run {prev_run}: {exc}") from None
+    for note in notes:
+        print(f"loop: {note}")
     config.stages = pipeline.stages
     config.raw = {**config.raw, "stages": pipeline.raw}
 

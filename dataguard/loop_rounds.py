@@ -17,10 +17,11 @@ round's training run is fed back into the data:
 A view needs the run to have trained on the rows it judges: a row the run never drew keeps
 its cross-validated rank alone. So in every round before the last those noise stages flag
 instead of acting, the run trains on the rows they doubt, and the next round judges all of
-them; the last round drops or relabels as configured. Round 1's data and model are then a
-diagnostic, not what `dataguard run` alone would write; the last round's are the ones to ship.
-
-then trains again on the result. Everything lives under ``--output LOOP``::
+them; the last round drops or relabels as configured. The data and models of the rounds
+before the last are then diagnostics, not what `dataguard run` alone would write; the last
+round's are the ones to ship (with ``--rounds 1`` nothing changes: that round is the last).
+A round whose data changed since its run trained (the config or the inputs were edited) is
+refused rather than kept. Everything lives under ``--output LOOP``::
 
     LOOP/round1/data  LOOP/round1/run  LOOP/round2/data  LOOP/round2/run ...
 
@@ -73,7 +74,7 @@ def training_state(run: Path, data: Path | None = None) -> str:
         try:
             now = shards_fingerprint(json.loads((data / "manifest.json").read_text(encoding="utf-8")))
         except (OSError, ValueError):
-            now = None
+            now = trained_on  # unreadable: training reports it in its own words, not as "changed"
         if now != trained_on:
             return "stale"
     return "done" if step >= total else "partial"
@@ -86,43 +87,46 @@ class Stages(NamedTuple):
     raw: list[Any]
 
 
-def feed_back(pipeline: Stages, prev_run: Path) -> tuple[Stages, str]:
-    """``pipeline`` with ``prev_run`` fed back (module docstring) and a line saying how; a
-    StageConfigError when the run cannot be read."""
+def loop_round(pipeline: Stages, prev_run: Path | None, *, before_last: bool) -> tuple[Stages, list[str]]:
+    """The config's ``pipeline`` as round N of the loop changes it (module docstring), and a
+    line for each change; a StageConfigError when ``prev_run`` cannot be read.
+
+    The noise stages that take a second view are picked once, from the config's own stages,
+    so a middle round of three both gets the previous run beside them and flags for the next."""
     from dataguard.stages.exclude import ExcludeStage
     from dataguard.stages.noise.dynamics import check_run
     from dataguard.stages.noise.stage import NoiseStage
 
     _check_aligned(pipeline)
-    run = str(prev_run.resolve())
-    try:
-        task = check_run(run)["task"]
-    except ValueError as exc:
-        raise StageConfigError(str(exc)) from None
-    beside = second_view_steps(pipeline.stages) if task == "classify" else []
-    fed = _with_params(pipeline, beside, {"dynamics": run})
-    if beside:
-        how = f"{run}'s dynamics are the second view of the noise stage{'s' if len(beside) > 1 else ''} already there"
-    else:
-        fed.stages.insert(0, NoiseStage(inputs="dynamics", dynamics=run, action="drop"))
-        fed.raw.insert(0, {"noise": {"inputs": "dynamics", "dynamics": run, "action": "drop"}})
-        how = f"a noise stage from {run}'s dynamics drops the rows they flag"
-    fed.stages.insert(0, ExcludeStage(runs=[run]))
-    fed.raw.insert(0, {"exclude": {"runs": [run]}})
-    return fed, how
+    steps, notes, out = second_view_steps(pipeline.stages), [], pipeline
+    if prev_run is not None:
+        run = str(prev_run.resolve())
+        try:
+            task = check_run(run)["task"]
+        except ValueError as exc:
+            raise StageConfigError(str(exc)) from None
+        if task == "classify" and steps:
+            out = _with_params(out, steps, {"dynamics": run})
+            notes.append(f"{run}'s dynamics are the second view of the noise "
+                         f"stage{'s' if len(steps) > 1 else ''} already there")
+        else:  # no stage takes the view (an sft run has none to give): a dynamics stage first
+            steps = []
+            out = _inserted(out, NoiseStage(inputs="dynamics", dynamics=run, action="drop"),
+                            {"noise": {"inputs": "dynamics", "dynamics": run, "action": "drop"}})
+            notes.append(f"a noise stage from {run}'s dynamics drops the rows they flag")
+        out = _inserted(out, ExcludeStage(runs=[run]), {"exclude": {"runs": [run]}})
+        steps = [i + (len(out.stages) - len(pipeline.stages)) for i in steps]
+    if before_last and steps:
+        # a view needs the run to have trained on the rows it judges: a row it never drew keeps
+        # the cross-validated rank alone, and the next round would just repeat these flags
+        out = _with_params(out, steps, {"action": "flag"})
+        notes.append("the noise stage flags (does not drop) this round, so its run judges every row for the next one")
+    return out, notes
 
 
-def keep_for_the_next_view(pipeline: Stages) -> tuple[Stages, str | None]:
-    """A round before the last: the noise stages that will take its run as their second view
-    flag instead of dropping or relabelling, so the run trains on every row they doubt and its
-    dynamics judge all of them (a row the run never drew keeps the cross-validated rank alone,
-    and the next round would just repeat this round's flags). The last round acts."""
-    _check_aligned(pipeline)
-    steps = second_view_steps(pipeline.stages)
-    if not steps:
-        return pipeline, None
-    return _with_params(pipeline, steps, {"action": "flag"}), \
-        "the noise stage flags (does not drop) this round, so its run judges every row for the next one"
+def _inserted(pipeline: Stages, stage: Stage, entry: dict[str, Any]) -> Stages:
+    """``pipeline`` with ``stage`` (config entry ``entry``) put first."""
+    return Stages([stage, *pipeline.stages], [entry, *pipeline.raw])
 
 
 def second_view_steps(stages: list[Stage]) -> list[int]:

@@ -104,26 +104,33 @@ def test_a_classify_round_feeds_the_run_into_the_noise_stage_as_its_second_view(
 
 
 def _feed_back_edge_cases(run: Path) -> None:
-    """Which noise stages take the run as their second view, and which get a dynamics stage."""
-    from dataguard.loop_rounds import Stages, feed_back, keep_for_the_next_view
+    """Which noise stages take the run as their second view, which get a dynamics stage, and
+    what a round before the last flags (a middle round of three both takes the view and flags)."""
+    from dataguard.loop_rounds import Stages, loop_round
     from dataguard.stages.noise.stage import NoiseStage
 
-    def fed(*entries: dict) -> list:
+    def fed(*entries: dict, prev: Path | None = run, before_last: bool = False) -> list:
         stages = [NoiseStage(**next(iter(e.values()))) for e in entries]
-        out, _ = feed_back(Stages(stages, list(entries)), run)
+        out, _ = loop_round(Stages(stages, list(entries)), prev, before_last=before_last)
+        assert [s.params() for s in out.stages] == [next(iter(e.values())) for e in out.raw]  # in step
         return out.raw
 
     run_s = str(run.resolve())
     exclude = {"exclude": {"runs": [run_s]}}
     stacked = {"noise": {"inputs": "dynamics", "dynamics": run_s, "action": "drop"}}
+    drop = {"noise": {"features": "tfidf", "action": "drop"}}
+    assert fed(drop) == [exclude, {"noise": {"features": "tfidf", "action": "drop", "dynamics": run_s}}]
+    assert fed(drop, before_last=True) == [  # round 2 of 3: the view, and flags for round 3
+        exclude, {"noise": {"features": "tfidf", "action": "flag", "dynamics": run_s}}]
+    assert fed(drop, prev=None, before_last=True) == [{"noise": {"features": "tfidf", "action": "flag"}}]
+    assert fed(drop, prev=None) == [drop]  # --rounds 1: the config as it is
     # an explicit `dynamics: null` is still a stage without a run
     assert fed({"noise": {"dynamics": None, "action": "relabel"}}) == [
         exclude, {"noise": {"dynamics": run_s, "action": "relabel"}}]
     # a flag-only stage (the default) would leave the loop cleaning nothing: a dynamics stage goes first
     assert fed({"noise": {}}) == [exclude, stacked, {"noise": {}}]
+    assert fed({"noise": {}}, before_last=True) == [exclude, stacked, {"noise": {}}]
     assert fed({"noise": {"rounds": 2, "action": "drop"}}) == [exclude, stacked, {"noise": {"rounds": 2, "action": "drop"}}]
     assert fed({"noise": {"label_column": "intent", "action": "drop"}})[1] == stacked
-    kept, how = keep_for_the_next_view(Stages([NoiseStage()], [{"noise": {}}]))
-    assert how is None and kept.raw == [{"noise": {}}]
     with pytest.raises(ValueError, match="1 stages but 0 config entries"):
-        feed_back(Stages([NoiseStage()], []), run)
+        loop_round(Stages([NoiseStage()], []), run, before_last=False)

@@ -54,9 +54,10 @@ class RunShards:
 
     @property
     def fingerprint(self) -> str:
-        """The kept rows' identity: a hash of the data shards' names and sha256 (the manifest
-        has them; outputs are deterministic, so the same rows give the same value). A
-        checkpoint records it, so a resume on rebuilt shards is refused, not mixed."""
+        """The data shards' identity: a hash of their names and sha256 from the manifest. A
+        checkpoint records it, so a resume on other shards is refused, not mixed. It is byte
+        identity: outputs are deterministic, so the same config and inputs give the same value,
+        but a changed score column (another dataguard version) counts as other shards too."""
         return shards_fingerprint(self.manifest)
 
     @classmethod
