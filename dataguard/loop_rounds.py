@@ -58,7 +58,7 @@ def training_state(run: Path, data: Path | None = None) -> str:
     ``partial`` (continue with --resume) or ``stale`` (its checkpoint trained on other shards
     than ``data``'s: the config or the inputs changed since; neither done nor resumable)."""
     from dataguard.train.checkpoint import latest_checkpoint
-    from dataguard.train.data.shards import shards_fingerprint
+    from dataguard.train.data.shards import recorded_fingerprint, shards_fingerprint
 
     latest = latest_checkpoint(run) if run.is_dir() else None
     if latest is None:
@@ -69,8 +69,8 @@ def training_state(run: Path, data: Path | None = None) -> str:
         step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return "partial"
-    trained_on = (state.get("extra") or {}).get("data_sha256")
-    if data is not None and trained_on:
+    trained_on = recorded_fingerprint(state)
+    if data is not None and trained_on is not None:
         try:
             now = shards_fingerprint(json.loads((data / "manifest.json").read_text(encoding="utf-8")))
         except (OSError, ValueError):

@@ -28,18 +28,23 @@ REPO = Path(__file__).resolve().parent.parent
 BANKING = REPO / "tests/data/banking77/train.csv"
 
 
+def _banking_run(folder: Path, name: str, rows: slice, epochs: int) -> tuple[Path, Path]:
+    """banking77 rows ``rows`` of tests/data as input ``name`` through an empty pipeline, and a
+    tiny classifier trained on them with dynamics: (shards, run)."""
+    lines = BANKING.read_text(encoding="utf-8").splitlines()
+    (folder / name).write_text("\n".join([lines[0], *lines[1:][rows]]) + "\n", encoding="utf-8")
+    data, run = folder / "shards", folder / "run"
+    Pipeline([], workers=1).run([InputSpec(path=str(folder / name), format="labelled_text",
+                                           aliases={"category": "label"})], data)
+    Trainer(load_train_config({"task": "classify", "model": "tiny-classifier", "data": str(data), "output": str(run),
+                               "epochs": epochs, "batch_size": 16, "lr": 3e-3, "save_every": 1000, "eval_every": 1000,
+                               "tensorboard": False, "logit_adjustment": False, "threads": 1}), progress=False).fit()
+    return data, run
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[pa.Table, str]:
-    tmp = tmp_path_factory.mktemp("noise_dyn")
-    lines = BANKING.read_text(encoding="utf-8").splitlines()
-    (tmp / "bank.csv").write_text("\n".join([lines[0], *lines[1::50][:200]]) + "\n", encoding="utf-8")
-    data = tmp / "shards"
-    Pipeline([], workers=1).run([InputSpec(path=str(tmp / "bank.csv"), format="labelled_text",
-                                           aliases={"category": "label"})], data)
-    run = tmp / "run"
-    Trainer(load_train_config({"task": "classify", "model": "tiny-classifier", "data": str(data), "output": str(run),
-                               "epochs": 3, "batch_size": 16, "lr": 3e-3, "save_every": 1000, "eval_every": 1000,
-                               "tensorboard": False, "logit_adjustment": False, "threads": 1}), progress=False).fit()
+    data, run = _banking_run(tmp_path_factory.mktemp("noise_dyn"), "bank.csv", slice(0, 10000, 50), epochs=3)
     return RunShards.open(data, task="classify").table, str(run)
 
 
@@ -155,15 +160,7 @@ def test_each_run_of_a_list_must_judge_some_rows(trained, tmp_path):
     from dataguard.stage import StageDataError
 
     table, run = trained
-    lines = BANKING.read_text(encoding="utf-8").splitlines()
-    (tmp_path / "other.csv").write_text("\n".join([lines[0], *lines[2::50][:60]]) + "\n", encoding="utf-8")
-    data = tmp_path / "shards"
-    Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "other.csv"), format="labelled_text",
-                                           aliases={"category": "label"})], data)
-    other = tmp_path / "run"
-    Trainer(load_train_config({"task": "classify", "model": "tiny-classifier", "data": str(data), "output": str(other),
-                               "epochs": 1, "batch_size": 16, "lr": 3e-3, "save_every": 1000, "eval_every": 1000,
-                               "tensorboard": False, "logit_adjustment": False, "threads": 1}), progress=False).fit()
+    _, other = _banking_run(tmp_path, "other.csv", slice(1, 3000, 50), epochs=1)  # other rows, other ids
     for params in ({"inputs": "dynamics"}, {"features": "tfidf"}):
         stage = NoiseStage(**params, dynamics=[run, str(other)])
         with pytest.raises(StageDataError, match=f"training run {other} judged none of the 200 rows"):

@@ -25,6 +25,7 @@ from dataguard.train.data import (
     class_vector,
     pack,
 )
+from dataguard.train.data.shards import recorded_fingerprint
 from dataguard.train.data.token_cache import cache_key, cached_encoding
 from dataguard.train.errors import TrainError
 from dataguard.train.model.base_dtype import BaseDtypeError, check_quantize
@@ -168,8 +169,8 @@ def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, data: str) ->
     except (OSError, ValueError) as exc:
         raise TrainError(f"{latest}: unreadable state.json ({exc})") from None
     saved = state.get("config") or {}
-    before = (state.get("extra") or {}).get("data_sha256")
-    if before and before != data:  # older checkpoints did not record it
+    before = recorded_fingerprint(state)
+    if before is not None and before != data:  # older checkpoints did not record it
         raise TrainError(f"cannot resume {run_dir}: the shards in {cfg.data} changed since {latest.name} was saved "
                          "(other rows or another pipeline run); train into a new output")
     mine = cfg.to_dict()

@@ -21,6 +21,7 @@ from dataguard.train import checkpoint as ckpt_mod
 from dataguard.train.config import TrainConfig
 from dataguard.train.data import LabelMap
 from dataguard.train.data.sampler import CurriculumSampler
+from dataguard.train.data.shards import FINGERPRINT_KEY
 from dataguard.train.dynamics.hook import DynamicsHook
 from dataguard.train.optim.optimizer import GradVarianceScaler
 from dataguard.train.stability.faults import FaultPlan
@@ -80,7 +81,7 @@ def save_run_checkpoint(run: CheckpointedRun, more_files: dict[str, dict[str, to
     extra = {"skipped_steps": state.skipped, "best": dict(state.best),
              "grad_variance": run.gvs.state_dict() if run.gvs is not None else None,
              "guard": guard.state_dict() if guard is not None else None, "faults": run.plan.state_dict(),
-             "data_sha256": state.data}
+             FINGERPRINT_KEY: state.data}
     snapshots = snapshot_to_save(guard.snapshots if guard is not None else None, run.run_dir, state.step)
     try:
         return ckpt_mod.save_checkpoint(

@@ -236,14 +236,15 @@ def median_or_none(values: np.ndarray) -> float | None:
     return round(float(np.median(v)), 6) if v.size else None
 
 
-def require_judged(judged: int, rows: int, run: str) -> None:
-    """Refuse a run that judged none of the rows: its row ids are not these shards' (a run of
-    other data, or shards rebuilt with different ids), and flagging nothing would read as
-    clean data in the audit. Each run is checked alone: one wrong run in a list would
-    otherwise go unnoticed beside a right one."""
-    if rows and not judged:
-        raise StageDataError(f"the training run {run} judged none of the {rows} rows (no row id matches); was it "
-                             "trained on these shards?")
+def require_judged(scores: np.ndarray, run: str) -> None:
+    """Refuse a run that judged none of the rows (``scores``: one per row, NaN where the run
+    did not judge it): its row ids are not these shards' (a run of other data, or shards
+    rebuilt with different ids), and flagging nothing would read as clean data in the audit.
+    Each run is checked alone: one wrong run in a list would otherwise go unnoticed beside a
+    right one."""
+    if len(scores) and not np.isfinite(scores).any():
+        raise StageDataError(f"the training run {run} judged none of the {len(scores)} rows (no row id matches); "
+                             "was it trained on these shards?")
 
 
 def run_list(dynamics: Any) -> list[str]:

@@ -40,7 +40,7 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
         rows = runs[0][0]  # check_together allows one sft run
         stage._ids = pa.array(ids, pa.string())
         loss, flag, stage.dynamics_log = D.sft_flags(rows, ids, cut=stage.dynamics_cut, max_flagged=stage.max_flagged)
-        D.require_judged(stage.dynamics_log["rows_seen"], len(ids), D.run_list(stage.dynamics)[0])
+        D.require_judged(loss, D.run_list(stage.dynamics)[0])
         stage._loss = pa.array(loss.astype(np.float32), pa.float32(), mask=~np.isfinite(loss))
         stage._issue = pa.array(flag, pa.bool_())
         stage._loss_np = loss
@@ -54,7 +54,7 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     views = [D.run_view(rows, set(meta["threshold_rows"]), ids, score=stage.dynamics_score, cut=stage.dynamics_cut,
                         seed=stage.seed) for rows, meta in runs]
     for run, view in zip(D.run_list(stage.dynamics), views, strict=True):
-        D.require_judged(int(np.isfinite(view.quality).sum()), len(ids), run)
+        D.require_judged(view.quality, run)
     est, seen, log = D.classify_estimate(views, y, classes, min_rows_per_class=stage.min_rows_per_class,
                                          max_flagged=stage.max_flagged)
     stage.dynamics_log = {"score": stage.dynamics_score, **log,

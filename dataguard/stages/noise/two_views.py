@@ -53,7 +53,7 @@ def dynamics_rank(runs: Sequence[str], ids: list[str], score: str) -> tuple[np.n
     for run in runs:
         rows, meta = D.load(run)
         view = D.run_view(rows, set(meta["threshold_rows"]), ids, score=score, cut=0.0)
-        D.require_judged(int(np.isfinite(view.quality).sum()), len(ids), run)
+        D.require_judged(view.quality, run)
         ranks.append(percentile_ranks(view.quality))
     stack = np.vstack(ranks)
     judged = np.isfinite(stack).sum(axis=0)

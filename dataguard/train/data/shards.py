@@ -172,6 +172,15 @@ def tokenizer_mismatch(counted_by: str | None, tokenizer: Any) -> str | None:
             "length stage with this model's tokenizer)")
 
 
+FINGERPRINT_KEY = "data_sha256"  # where a checkpoint's state.json ("extra") records it
+
+
+def recorded_fingerprint(state: dict[str, Any]) -> str | None:
+    """The shards' fingerprint a checkpoint's ``state.json`` recorded (None: saved before it
+    was recorded, so nothing can be compared)."""
+    return (state.get("extra") or {}).get(FINGERPRINT_KEY) or None
+
+
 def shards_fingerprint(manifest: dict[str, Any]) -> str:
     """`RunShards.fingerprint` of a manifest (also read without opening the rows)."""
     listed = [[str(f.get("path")), str(f.get("sha256"))] for f in (manifest.get("outputs") or {}).get("data") or []]
