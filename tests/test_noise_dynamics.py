@@ -165,3 +165,50 @@ def test_each_run_of_a_list_must_judge_some_rows(trained, tmp_path):
         stage = NoiseStage(**params, dynamics=[run, str(other)])
         with pytest.raises(StageDataError, match=f"training run {other} judged none of the 200 rows"):
             stage.fit([stage.summarize(table)])
+
+
+@pytest.mark.parametrize("noise", ["{inputs: dynamics, dynamics: RUN}", "{features: tfidf, dynamics: RUN}"])
+def test_a_run_of_another_file_of_the_same_name_is_refused(trained, tmp_path, noise):
+    """Row ids are ``file:position``, so a run of another ``bank.csv`` matches every id; the
+    label each entry was trained under tells the rows apart, and the run is refused in one line."""
+    _, run = trained
+    lines = BANKING.read_text(encoding="utf-8").splitlines()
+    (tmp_path / "bank.csv").write_text("\n".join([lines[0], *lines[:0:-50][:200]]) + "\n", encoding="utf-8")
+    (tmp_path / "p.yaml").write_text(
+        f"inputs:\n  - path: {tmp_path / 'bank.csv'}\n    format: labelled_text\n    aliases: {{category: label}}\n"
+        f"stages:\n  - noise: {noise.replace('RUN', run)}\n")
+    proc = subprocess.run([sys.executable, "-m", "dataguard", "run", str(tmp_path / "p.yaml"), "--output",
+                           str(tmp_path / "out"), "--no-report"], capture_output=True, text=True,
+                          env=dict(os.environ, DATAGUARD_TRACEBACK=""))
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "stage noise:" in lines[0] and f"training run {run} trained" in lines[0], lines[0]
+    assert "under another label than theirs now" in lines[0]
+
+
+@pytest.mark.parametrize("params", [{"inputs": "dynamics"}, {"features": "tfidf"}])
+def test_a_row_relabelled_since_the_run_is_not_judged_by_it(trained, params):
+    """The run's margin for a row scores the label it trained under; a row whose label is
+    another now (edited, or relabelled by a stage) is judged as if the run never drew it."""
+    table, run = trained
+    trained_on = set(aggregate(read_dynamics(run)[0]).ids)  # the run holds some rows out
+    ids = table.column("id").to_pylist()
+    labels = table.column("label").to_pylist()
+    classes = sorted(set(labels))
+    moved = [i for i, r in enumerate(ids) if r in trained_on][:3]
+    for i in moved:
+        labels[i] = next(c for c in classes if c != labels[i])
+    edited = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.string()))
+    stage = NoiseStage(**params, dynamics=run, min_rows_per_class=0)
+    stage.fit([stage.summarize(edited)])
+    out = stage.apply(edited).kept
+    log = stage.dynamics_log
+    assert log["rows_other_label"] == len(moved)
+    if params.get("inputs") == "dynamics":
+        assert log["rows_seen"] == len(trained_on) - len(moved)
+        judged = np.asarray(out.column("label_quality").is_valid().to_pylist())
+        assert not judged[moved].any() and judged.sum() == len(trained_on) - len(moved)
+    else:  # the cross-validated rank alone for those rows
+        assert log["rows_judged"] == len(trained_on) - len(moved)
+        assert log["rows_unjudged"] == table.num_rows - log["rows_judged"]

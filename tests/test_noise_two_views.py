@@ -89,7 +89,8 @@ def test_the_method_counts_and_both_views_pick_the_rows(noisy_run):
     assert set(np.flatnonzero(flags)) == set(order[:n_plain].tolist())
     assert stage.describe()["summary"]["second_view"] == {"runs": [run], "score": "aum",
                                                           "rows_judged": int((~unjudged).sum()),
-                                                          "rows_unjudged": int(unjudged.sum())}
+                                                          "rows_unjudged": int(unjudged.sum()),
+                                                          "rows_other_label": 0}
     assert "second_view" not in plain.describe()["summary"]
 
 

@@ -72,9 +72,31 @@ def test_one_entry_per_row_and_epoch_with_the_fixed_schema(classify_run):
     assert (correct == (margin > 0)).all()  # correct iff the gold logit beats every other
     assert table.column("predicted").null_count == 0
     assert (table.column("loss").to_numpy() > 0).all()
+    # each entry names the label its margin scores: the row's label in the shards
+    from dataguard.train.data import RunShards
+
+    shards = RunShards.open(json.loads((classify_run / "run.json").read_text())["config"]["data"], task="classify")
+    given = dict(zip(shards.table.column("id").to_pylist(), shards.table.column("label").to_pylist(), strict=True))
+    assert table.column("label").to_pylist() == [given[i] for i in ids]
     ckpt = sorted((classify_run / "checkpoints").iterdir())[-1]
     assert (ckpt / "dynamics_state.safetensors").is_file()
     assert "dynamics_state.safetensors" in json.loads((ckpt / "checksums.json").read_text())["sha256"]
+
+
+def test_a_file_of_format_1_still_reads_with_no_labels(classify_run, tmp_path):
+    """Runs trained before the ``label`` column existed keep working: matched by id alone."""
+    import pyarrow.ipc as ipc
+
+    table, _ = read_dynamics(classify_run)
+    old = table.drop_columns(["label"]).replace_schema_metadata(
+        {**{k.decode(): v.decode() for k, v in pa.ipc.open_file(str(classify_run / "dynamics.arrow"))
+            .schema.metadata.items()}, "format": "dataguard.dynamics/1"})
+    with ipc.new_file(str(tmp_path / "dynamics.arrow"), old.schema) as w:
+        w.write_table(old)
+    back, meta = read_dynamics(tmp_path)
+    assert back.schema.remove_metadata() == SCHEMA and back.column("label").null_count == back.num_rows
+    assert back.drop_columns(["label"]).equals(table.drop_columns(["label"]))
+    assert meta["task"] == "classify"
 
 
 def test_a_resumed_run_writes_the_same_file(intents, classify_run, tmp_path):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,7 @@ class RowDynamics:
     late_loss: np.ndarray       # float64, mean loss over the last half of the passes
     predicted: list[str | None]  # the most frequent prediction (ties: the later pass)
     predicted_share: np.ndarray  # float64, share of passes that predicted it
+    label: list[str | None]      # the label it trained under (the last pass's; None: not recorded)
 
 
 def load(run: str, label_names: list[str] | None = None) -> tuple[RowDynamics, dict[str, Any]]:
@@ -79,8 +81,9 @@ def aggregate(table: pa.Table) -> RowDynamics:
     loss = table.column("loss").to_numpy(zero_copy_only=False).astype(np.float64)
     correct = np.asarray(table.column("correct").fill_null(False).to_pylist(), dtype=np.float64)
     pred = table.column("predicted").to_pylist()
+    trained = table.column("label").to_pylist()
     out: dict[str, list[Any]] = {k: [] for k in ("ids", "passes", "aum", "confidence", "variability",
-                                                 "correctness", "late_loss", "predicted", "share")}
+                                                 "correctness", "late_loss", "predicted", "share", "label")}
     for a, b in zip(starts[:-1], starts[1:], strict=True):
         k = b - a
         out["ids"].append(ids[a])
@@ -101,10 +104,11 @@ def aggregate(table: pa.Table) -> RowDynamics:
         best = max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))[0] if counts else None
         out["predicted"].append(best)
         out["share"].append(counts[best][0] / k if best is not None else 0.0)
+        out["label"].append(trained[b - 1])
     return RowDynamics(out["ids"], np.asarray(out["passes"], np.int64), np.asarray(out["aum"]),
                        np.asarray(out["confidence"]), np.asarray(out["variability"]),
                        np.asarray(out["correctness"]), np.asarray(out["late_loss"]), out["predicted"],
-                       np.asarray(out["share"]))
+                       np.asarray(out["share"]), out["label"])
 
 
 def mixture_cut(score: np.ndarray, seed: int = 0) -> float:
@@ -143,16 +147,25 @@ class RunView:
     cut: float                   # the cut this run learned (or was given)
     cut_kind: str                # "threshold rows", "mixture" or "given"
     threshold_rows: int          # rows it trained under the fake class
+    other_label: int = 0         # rows it drew under another label than theirs now: not judged
 
 
 def run_view(rows: RowDynamics, threshold: set[str], ids: list[str], *, score: str, cut: float | str,
-             seed: int = 0) -> RunView:
+             seed: int = 0, given: Sequence[str] | None = None) -> RunView:
     """``rows`` lined up with ``ids``. A row the run never drew, or trained under the fake
-    class (``threshold``), is not judged by this run. With ``cut: auto`` the cut is the 99th
-    percentile of the threshold rows' score when the run has them (Pleiss et al.), else the
-    two-component mixture's."""
+    class (``threshold``), is not judged by this run; nor is one whose ``given`` label is not
+    the label the run recorded for it (its margin scores another label: the row was edited or
+    relabelled since, or the run trained on another file with the same name). With ``cut:
+    auto`` the cut is the 99th percentile of the threshold rows' score when the run has them
+    (Pleiss et al.), else the two-component mixture's."""
     index = {r: i for i, r in enumerate(rows.ids)}
     at = np.array([-1 if r in threshold else index.get(r, -1) for r in ids], dtype=np.int64)
+    other = np.zeros(len(ids), dtype=bool)
+    if given is not None:
+        for j in np.flatnonzero(at >= 0):
+            trained = rows.label[at[j]]
+            other[j] = trained is not None and trained != given[j]
+        at[other] = -1
     judged = at >= 0
     values = rows.aum if score == "aum" else rows.confidence
     safe = np.clip(at, 0, None)
@@ -166,7 +179,7 @@ def run_view(rows: RowDynamics, threshold: set[str], ids: list[str], *, score: s
         value, kind = mixture_cut(quality[judged], seed), "mixture"
     predicted = [rows.predicted[a] if a >= 0 else None for a in at]
     share = np.where(judged, rows.predicted_share[safe] if len(rows.ids) else 0.0, 0.0)
-    return RunView(quality, predicted, share, value, kind, int(fake.sum()))
+    return RunView(quality, predicted, share, value, kind, int(fake.sum()), int(other.sum()))
 
 
 def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *, min_rows_per_class: int,
@@ -208,6 +221,7 @@ def classify_estimate(views: list[RunView], y: np.ndarray, classes: list[str], *
     kinds = sorted({v.cut_kind for v in usable})
     log = {"cut": " + ".join(kinds) if kinds else "none", "cut_value": round(cut_value, 6)
            if math.isfinite(cut_value) else None, "runs": len(views),
+           "rows_other_label": sum(v.other_label for v in views),
            "threshold_rows": sum(v.threshold_rows for v in views), "rows_seen": int(seen.sum()),
            "rows_unseen": int((~seen).sum()), "below_cut": int((seen & (quality < cut_value)).sum()),
            "issues_before_budget": before}
@@ -236,15 +250,22 @@ def median_or_none(values: np.ndarray) -> float | None:
     return round(float(np.median(v)), 6) if v.size else None
 
 
-def require_judged(scores: np.ndarray, run: str) -> None:
+def require_judged(scores: np.ndarray, run: str, other_label: int = 0) -> None:
     """Refuse a run that judged none of the rows (``scores``: one per row, NaN where the run
     did not judge it): its row ids are not these shards' (a run of other data, or shards
     rebuilt with different ids), and flagging nothing would read as clean data in the audit.
-    Each run is checked alone: one wrong run in a list would otherwise go unnoticed beside a
-    right one."""
-    if len(scores) and not np.isfinite(scores).any():
+    Refuse it too when most rows it shares ids with trained under another label
+    (``other_label`` of them): ids are ``file:position``, so a run of another file of the same
+    name matches by id, and a relabelling stage changes only the few rows it flags. Each run
+    is checked alone: one wrong run in a list would otherwise go unnoticed beside a right one."""
+    judged = int(np.isfinite(scores).sum())
+    if len(scores) and not judged and not other_label:
         raise StageDataError(f"the training run {run} judged none of the {len(scores)} rows (no row id matches); "
                              "was it trained on these shards?")
+    if other_label > judged:
+        raise StageDataError(f"the training run {run} trained {other_label} of the {other_label + judged} rows "
+                             "whose ids it shares under another label than theirs now; was it trained on these "
+                             "shards (row ids are file:position, so another file of the same name matches)?")
 
 
 def run_list(dynamics: Any) -> list[str]:

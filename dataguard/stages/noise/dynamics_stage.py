@@ -52,9 +52,9 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     index = {c: i for i, c in enumerate(classes)}
     y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
     views = [D.run_view(rows, set(meta["threshold_rows"]), ids, score=stage.dynamics_score, cut=stage.dynamics_cut,
-                        seed=stage.seed) for rows, meta in runs]
+                        seed=stage.seed, given=labels) for rows, meta in runs]
     for run, view in zip(D.run_list(stage.dynamics), views, strict=True):
-        D.require_judged(view.quality, run)
+        D.require_judged(view.quality, run, view.other_label)
     est, seen, log = D.classify_estimate(views, y, classes, min_rows_per_class=stage.min_rows_per_class,
                                          max_flagged=stage.max_flagged)
     stage.dynamics_log = {"score": stage.dynamics_score, **log,

@@ -265,9 +265,9 @@ class NoiseStage(Stage):
         second = None
         if self.dynamics is not None:  # a training run's view beside the cross-validated one
             runs = run_list(self.dynamics)
-            second, judged = two_views.dynamics_rank(runs, ids, self.dynamics_score)
-            self.dynamics_log = {"runs": runs, "score": self.dynamics_score,
-                                 "rows_judged": judged, "rows_unjudged": len(ids) - judged}
+            second, judged, other = two_views.dynamics_rank(runs, ids, self.dynamics_score, labels)
+            self.dynamics_log = {"runs": runs, "score": self.dynamics_score, "rows_judged": judged,
+                                 "rows_unjudged": len(ids) - judged, "rows_other_label": other}
         cv = estimate_issues(self._cv_options(), summaries, y, k, probs, second)
         probs, est = cv.probs, cv.est
         self.features_used, self.auto_choice, self.chosen_C = cv.features_used, cv.auto_choice, cv.chosen_C

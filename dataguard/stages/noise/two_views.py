@@ -45,20 +45,23 @@ def percentile_ranks(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def dynamics_rank(runs: Sequence[str], ids: list[str], score: str) -> tuple[np.ndarray, int]:
+def dynamics_rank(runs: Sequence[str], ids: list[str], score: str,
+                  labels: Sequence[str] | None = None) -> tuple[np.ndarray, int, int]:
     """(the mean, over the runs that judge each row, of its score's percentile rank in that
-    run, NaN where no run judges it; the rows judged). Threshold rows are not judged by the
-    run that trained them under the fake class."""
-    ranks = []
+    run, NaN where no run judges it; the rows judged; the rows some run trained under another
+    label than ``labels`` gives them now, which it does not judge). Threshold rows are not
+    judged by the run that trained them under the fake class."""
+    ranks, other = [], 0
     for run in runs:
         rows, meta = D.load(run)
-        view = D.run_view(rows, set(meta["threshold_rows"]), ids, score=score, cut=0.0)
-        D.require_judged(view.quality, run)
+        view = D.run_view(rows, set(meta["threshold_rows"]), ids, score=score, cut=0.0, given=labels)
+        D.require_judged(view.quality, run, view.other_label)
         ranks.append(percentile_ranks(view.quality))
+        other += view.other_label
     stack = np.vstack(ranks)
     judged = np.isfinite(stack).sum(axis=0)
     mean = np.where(judged > 0, np.nansum(stack, axis=0) / np.maximum(judged, 1), np.nan)
-    return mean, int((judged > 0).sum())
+    return mean, int((judged > 0).sum()), other
 
 
 def combine(est: NoiseEstimate, y: np.ndarray, second: np.ndarray, *, min_rows_per_class: int) -> NoiseEstimate:

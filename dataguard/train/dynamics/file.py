@@ -18,6 +18,9 @@ column         type      meaning
                          of AUM (Pleiss et al. 2020) (null for sft)
 ``correct``    bool      the largest logit is the label's (null for sft)
 ``predicted``  string    the label name of the largest logit (null for sft)
+``label``      string    the label the row trained under, which ``margin`` and ``gold_prob``
+                         score (null for sft; the fake class for threshold rows). A stage
+                         judging a row whose label is now another does not use the entry.
 =============  ========  ==================================================================
 
 A row drawn more than once in a pass (``repeat`` > 1) gets the mean of its draws for
@@ -27,7 +30,9 @@ in the model's class order), optionally ``threshold_rows`` (JSON list of the row
 ``threshold_rows`` run trained under the fake class ``__threshold__``, the labels' last;
 their ``margin`` is the fake class's), ``source`` (``train_forward``: the training step's own forward
 pass, in train mode, before that step's update; ``eval_pass``: an extra no-grad pass over
-the training rows at each evaluation) and ``format`` (``dataguard.dynamics/1``).
+the training rows at each evaluation) and ``format`` (``dataguard.dynamics/2``; a ``/1``
+file, written before ``label`` existed, reads with a null ``label``: its rows are matched by
+id alone).
 
 This module needs only pyarrow (the data stages read it without importing torch).
 """
@@ -46,12 +51,14 @@ from dataguard.io.safe_files import LinkRefused, write_atomic
 from dataguard.train.tasks import TASK_NAMES
 
 FILE_NAME = "dynamics.arrow"
-FORMAT = "dataguard.dynamics/1"
+FORMAT = "dataguard.dynamics/2"
+OLD_FORMATS = ("dataguard.dynamics/1",)  # no ``label`` column: read with nulls there
 TASKS = TASK_NAMES
 SOURCES = ("train_forward", "eval_pass")
 SCHEMA = pa.schema([
     ("id", pa.string()), ("pass", pa.int32()), ("step", pa.int64()), ("loss", pa.float32()),
     ("gold_prob", pa.float32()), ("margin", pa.float32()), ("correct", pa.bool_()), ("predicted", pa.string()),
+    ("label", pa.string()),
 ])
 
 
@@ -70,8 +77,10 @@ def metadata(task: str, labels: list[str] | None, source: str,
 
 def write_dynamics(path: str | os.PathLike, table: pa.Table, *, task: str, labels: list[str] | None,
                    source: str, threshold_ids: list[str] | None = None) -> Path:
-    """Write ``table`` (`SCHEMA` columns, any order of rows) sorted by (id, pass), atomically."""
+    """Write ``table`` (`SCHEMA` columns, any order of rows; ``label`` may be left out: nulls)
+    sorted by (id, pass), atomically."""
     path = Path(path)
+    table = _with_label(table)
     table = table.select(SCHEMA.names).cast(SCHEMA)
     if table.num_rows:
         table = table.sort_by([("id", "ascending"), ("pass", "ascending")])
@@ -105,7 +114,9 @@ def read_dynamics(where: str | os.PathLike) -> tuple[pa.Table, dict[str, Any]]:
     except (pa.ArrowInvalid, OSError) as exc:
         raise DynamicsFileError(f"{path}: not a readable Arrow file ({exc})") from None
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    if meta.get("format") != FORMAT:
+    if meta.get("format") in OLD_FORMATS:
+        table = _with_label(table)
+    elif meta.get("format") != FORMAT:
         raise DynamicsFileError(f"{path}: not a dataguard dynamics file (format {meta.get('format')!r})")
     for name in SCHEMA.names:
         if name not in table.column_names:
@@ -122,6 +133,14 @@ def read_dynamics(where: str | os.PathLike) -> tuple[pa.Table, dict[str, Any]]:
     threshold = _string_list(path, meta, "threshold_rows")
     return table.select(SCHEMA.names), {"task": task, "labels": labels, "source": meta.get("source", ""),
                                         "threshold_rows": threshold}
+
+
+def _with_label(table: pa.Table) -> pa.Table:
+    """``table`` with a null ``label`` column where it has none (format 1, or a caller that
+    does not know the labels)."""
+    if "label" in table.column_names:
+        return table
+    return table.append_column(pa.field("label", pa.string()), pa.nulls(table.num_rows, pa.string()))
 
 
 def _string_list(path: Path, meta: dict[str, str], key: str) -> list[str]:

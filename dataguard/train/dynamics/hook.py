@@ -70,9 +70,11 @@ class DynamicsHook:
         if getattr(cfg, "threshold_rows", 0) and labels and enc.class_ids is not None:
             # the rows setup relabelled to the fake class (the label map's last)
             threshold = [enc.row_ids[int(i)] for i in np.flatnonzero(enc.class_ids == len(labels) - 1)]
+        row_labels = ([labels[int(c)] if 0 <= int(c) < len(labels) else None for c in enc.class_ids]
+                      if labels and enc.class_ids is not None else None)
         recorder = DynamicsRecorder(run_dir, task=cfg.task, row_ids=enc.row_ids, labels=labels,
                                     source="eval_pass" if mode == "eval" else "train_forward",
-                                    rank=run.rank, world=run.world, threshold_ids=threshold)
+                                    rank=run.rank, world=run.world, threshold_ids=threshold, row_labels=row_labels)
         if resume and run.latest is not None:
             recorder.load(run.latest)
         return cls(recorder, eval_every=cfg.eval_every, total=run.total, batch_size=cfg.batch_size)

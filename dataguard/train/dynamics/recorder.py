@@ -45,14 +45,19 @@ _FIELDS = ("row", "pass", "step", "loss", "gold_prob", "margin", "n", "correct",
 
 
 class DynamicsRecorder:
-    """Per-(row, pass) sums of one process; ``row`` indexes ``row_ids`` (the encoded training rows)."""
+    """Per-(row, pass) sums of one process; ``row`` indexes ``row_ids`` (the encoded training
+    rows) and ``row_labels`` (the label each trains under, written beside its entries so a
+    stage never reads a verdict about one label as a verdict about another)."""
 
     def __init__(self, run_dir: Path, *, task: str, row_ids: Sequence[str], labels: Sequence[str] | None,
                  source: str = "train_forward", rank: int = 0, world: int = 1,
-                 threshold_ids: Sequence[str] = ()) -> None:
+                 threshold_ids: Sequence[str] = (), row_labels: Sequence[str | None] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.task = task
         self.row_ids = list(row_ids)
+        self.row_labels = list(row_labels) if row_labels is not None else [None] * len(self.row_ids)
+        if len(self.row_labels) != len(self.row_ids):
+            raise ValueError(f"{len(self.row_labels)} row labels for {len(self.row_ids)} rows")
         self.labels = list(labels or [])
         self.source = source
         self.rank, self.world = rank, world
@@ -166,6 +171,8 @@ class DynamicsRecorder:
             "correct": pa.array(a["correct"].astype(bool), pa.bool_(), mask=~np.full(len(n), classify)),
             "predicted": pa.array(names[np.where((pred >= 0) & (pred < len(self.labels)), pred, -1)]
                                   if classify else [None] * len(n), pa.string()),
+            "label": pa.array([self.row_labels[int(r)] for r in a["row"]] if classify else [None] * len(n),
+                              pa.string()),
         })
 
     def write_local(self) -> Path:
@@ -206,7 +213,7 @@ def merge_tables(parts: list[pa.Table]) -> pa.Table:
         return table
     grouped = table.group_by(["id", "pass"], use_threads=False).aggregate(
         [("step", "max"), ("loss", "mean"), ("gold_prob", "mean"), ("margin", "mean"), ("correct", "max"),
-         ("predicted", "max")])
+         ("predicted", "max"), ("label", "max")])
     return grouped.rename_columns([c.replace("_max", "").replace("_mean", "") for c in grouped.column_names])
 
 
