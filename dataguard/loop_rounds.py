@@ -27,8 +27,8 @@ refused rather than kept. Everything lives under ``--output LOOP``::
 
 It resumes like everything else: a round's pipeline resumes its own output folder, a
 round's training continues with ``--resume`` from its newest verified checkpoint, and a
-round whose training finished (its newest checkpoint is at the run's total step count) is
-not run again. Killing ``dataguard loop`` anywhere and starting it again with the same
+round whose training finished (its newest checkpoint is intact, its sha256 sums checked, and
+at the run's total step count) is not run again; a damaged last checkpoint is resumed past. Killing ``dataguard loop`` anywhere and starting it again with the same
 arguments finishes the same rounds.
 
 The command functions are handed in by the CLI (`dataguard.cli`), so this module imports
@@ -54,15 +54,18 @@ def round_dirs(loop_dir: Path, r: int) -> tuple[Path, Path]:
 
 
 def training_state(run: Path, data: Path | None = None) -> str:
-    """``new`` (no checkpoint), ``done`` (the newest checkpoint is at the run's last step),
-    ``partial`` (continue with --resume) or ``stale`` (its checkpoint trained on other shards
-    than ``data``'s: the config or the inputs changed since; neither done nor resumable)."""
-    from dataguard.train.checkpoint import latest_checkpoint
+    """``new`` (no checkpoint), ``done`` (the newest intact checkpoint is at the run's last
+    step), ``partial`` (continue with --resume: also when the last checkpoint is damaged, which
+    the resume replaces) or ``stale`` (its checkpoint trained on other shards than ``data``'s:
+    the config or the inputs changed since; neither done nor resumable)."""
+    from dataguard.train.checkpoint import latest_checkpoint, newest_intact_checkpoint
     from dataguard.train.data.shards import recorded_fingerprint, shards_fingerprint
 
-    latest = latest_checkpoint(run) if run.is_dir() else None
-    if latest is None:
+    if not run.is_dir() or latest_checkpoint(run) is None:
         return "new"
+    latest = newest_intact_checkpoint(run)  # hashes the newest: a damaged last one is never "done"
+    if latest is None:
+        return "partial"  # every checkpoint damaged: the resume says so in its own words
     try:
         total = int(json.loads((run / "run.json").read_text(encoding="utf-8"))["total_steps"])
         state = json.loads((latest / "state.json").read_text(encoding="utf-8"))

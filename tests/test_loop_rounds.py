@@ -54,6 +54,22 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
     assert (loop / "round2/run/dynamics.arrow").read_bytes() == first
     assert json.loads((loop / "round2/data/manifest.json").read_text()) == m2
 
+    # a damaged last checkpoint is never "finished": the round resumes from the verified one,
+    # writes an intact last checkpoint again and the same dynamics (exact resume)
+    from dataguard.train.checkpoint import checkpoint_damage, latest_checkpoint
+
+    last = latest_checkpoint(loop / "round2/run")
+    weights = next(p for p in sorted(last.iterdir()) if p.suffix == ".safetensors" and "dynamics" not in p.name)
+    damaged = bytearray(weights.read_bytes())
+    damaged[-64] ^= 0xFF
+    weights.write_bytes(bytes(damaged))
+    assert checkpoint_damage(last) is not None
+    repaired = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert repaired.returncode == 0, repaired.stderr
+    assert repaired.stdout.count("training already finished") == 1  # round 1 only
+    assert checkpoint_damage(latest_checkpoint(loop / "round2/run")) is None
+    assert (loop / "round2/run/dynamics.arrow").read_bytes() == first
+
     # the config changed since: round 1's data is rebuilt, and its finished run no longer
     # follows from it, so the loop refuses in one line instead of keeping the old models
     changed = yaml.safe_load(config.read_text())
