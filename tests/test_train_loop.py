@@ -315,3 +315,31 @@ def test_a_resume_on_rebuilt_shards_is_refused(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(src[:120]))  # the rows it trained on: resumes
     Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "a.json"), name="a")], data, fresh=True)
     assert Trainer(_sft(data, tmp_path / "run", save_every=2)).fit(resume=True).steps == 6
+
+
+def test_a_resume_on_the_same_shards_with_other_logit_offsets_is_refused(tmp_path):
+    """The loss reads the manifest's logit offsets beside the shards: a longtail stage re-run
+    with another ``tau`` writes byte-identical shards but another loss, so the resume is refused
+    too (before, it mixed the two losses into weights that match neither run)."""
+    from banking_slice import banking_rows, banking_shards
+
+    from dataguard.stages.longtail import LongTailStage
+
+    rows = banking_rows(("card_arrival", "exchange_rate", "pin_blocked"), 30)[:70]  # 30 / 30 / 10
+    data = banking_shards(tmp_path, rows)
+    source = InputSpec(path=str(tmp_path / "bank.csv"), format="labelled_text", aliases={"category": "label"})
+
+    def rebuild(tau: float) -> bytes:
+        Pipeline([LongTailStage(tau=tau, weighting="none")], workers=1).run([source], data, fresh=True)
+        return b"".join(p.read_bytes() for p in sorted((data / "data").glob("*.arrow")))
+
+    shards = rebuild(1.0)
+    cfg = load_train_config({"task": "classify", "model": "tiny-classifier", "data": str(data),
+                             "output": str(tmp_path / "run"), "max_steps": 4, "batch_size": 16, "save_every": 2,
+                             "eval_every": 4, "logit_adjustment": True, "tensorboard": False, "threads": 1})
+    Trainer(cfg, progress=False).fit(stop_after=2)
+    assert rebuild(3.0) == shards  # the same rows, other offsets
+    with pytest.raises(TrainError, match=r"the shards in .* changed since step-000002 was saved"):
+        Trainer(cfg, progress=False).fit(resume=True)
+    rebuild(1.0)
+    assert Trainer(cfg, progress=False).fit(resume=True).steps == 4

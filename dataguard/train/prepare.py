@@ -172,7 +172,8 @@ def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, data: str) ->
     before = recorded_fingerprint(state)
     if before is not None and before != data:  # older checkpoints did not record it
         raise TrainError(f"cannot resume {run_dir}: the shards in {cfg.data} changed since {latest.name} was saved "
-                         "(other rows or another pipeline run); train into a new output")
+                         "(other rows, or other class priors, offsets, curriculum or length cap from another pipeline run); "
+                         "train into a new output")
     mine = cfg.to_dict()
     changed = [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
                if k in saved and saved[k] != mine.get(k) and not _same_path(k, saved[k], mine.get(k))]

@@ -59,7 +59,7 @@ _EXPORTS = {
     "LabelMap": "labels", "class_vector": "labels", "curriculum_schedule": "labels", "curriculum_unit": "labels",
     "REPEAT_COLUMN": "shards", "WEIGHT_COLUMNS": "shards", "RunShards": "shards", "length_cap": "shards",
     "row_repeat": "shards", "row_weights": "shards", "tokenizer_mismatch": "shards",
-    "run_split": "split", "split_validation": "split", "validation_sources": "split",
+    "run_split": "split", "split_validation": "split", "validation_sources": "shards",
 }
 __all__ = sorted([*_EXPORTS, "TrainDataError"])
 

@@ -54,10 +54,11 @@ class RunShards:
 
     @property
     def fingerprint(self) -> str:
-        """The data shards' identity: a hash of their names and sha256 from the manifest. A
-        checkpoint records it, so a resume on other shards is refused, not mixed. It is byte
-        identity: outputs are deterministic, so the same config and inputs give the same value,
-        but a changed score column (another dataguard version) counts as other shards too."""
+        """What the run trains on: a hash of the shards' names and sha256 and of what the
+        runner reads from the manifest beside them (`shards_fingerprint`). A checkpoint records
+        it, so a resume on other data is refused, not mixed. It is byte identity: outputs are
+        deterministic, so the same config and inputs give the same value, but a changed score
+        column (another dataguard version) counts as other shards too."""
         return shards_fingerprint(self.manifest)
 
     @classmethod
@@ -182,6 +183,27 @@ def recorded_fingerprint(state: dict[str, Any]) -> str | None:
 
 
 def shards_fingerprint(manifest: dict[str, Any]) -> str:
-    """`RunShards.fingerprint` of a manifest (also read without opening the rows)."""
+    """`RunShards.fingerprint` of a manifest (also read without opening the rows): the data
+    shards (name, sha256) and the manifest's parts the runner trains by, so byte-identical
+    shards with other class priors, logit offsets or curriculum (a ``longtail`` stage's
+    ``tau`` edited), another length cap or other validation sources are other data too."""
     listed = [[str(f.get("path")), str(f.get("sha256"))] for f in (manifest.get("outputs") or {}).get("data") or []]
-    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()
+    read_by_runner = {"shards": listed, "training": manifest.get("training") or {},
+                      "length_cap": list(length_cap(manifest)), "validation_sources": validation_sources(manifest)}
+    return hashlib.sha256(json.dumps(read_by_runner, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def validation_sources(manifest: dict[str, Any]) -> list[str]:
+    """Input (source) names the pipeline set aside for validation: a ``splits.validation``
+    list in any training section, or an overlap stage's ``validation_sources``."""
+    names: list[str] = []
+    for state in (manifest.get("training") or {}).values():
+        splits = state.get("splits") if isinstance(state, dict) else None
+        if isinstance(splits, dict) and isinstance(splits.get("validation"), list):
+            names += [str(s) for s in splits["validation"]]
+    for stage in (manifest.get("config") or {}).get("stages") or []:
+        params = stage.get("overlap") if isinstance(stage, dict) else None
+        if isinstance(params, dict):
+            vs = params.get("validation_sources") or []
+            names += [vs] if isinstance(vs, str) else [str(s) for s in vs]
+    return sorted(set(names))

@@ -4,11 +4,10 @@ else a seeded held-out fraction (the same rows for any process count)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
-from dataguard.train.data.shards import RunShards
+from dataguard.train.data.shards import RunShards, validation_sources
 
 
 # ------------------------------------------------------------------ validation split
@@ -20,22 +19,6 @@ def split_validation(n_rows: int, fraction: float, seed: int) -> tuple[np.ndarra
     n_val = 0 if fraction == 0 or n_rows < 2 else min(max(1, math.floor(n_rows * fraction + 0.5)), n_rows - 1)
     perm = np.random.default_rng([seed, 0x5A11]).permutation(n_rows)
     return np.sort(perm[n_val:]).astype(np.int64), np.sort(perm[:n_val]).astype(np.int64)
-
-
-def validation_sources(manifest: dict[str, Any]) -> list[str]:
-    """Input (source) names the pipeline set aside for validation: a ``splits.validation``
-    list in any training section, or an overlap stage's ``validation_sources``."""
-    names: list[str] = []
-    for state in (manifest.get("training") or {}).values():
-        splits = state.get("splits") if isinstance(state, dict) else None
-        if isinstance(splits, dict) and isinstance(splits.get("validation"), list):
-            names += [str(s) for s in splits["validation"]]
-    for stage in (manifest.get("config") or {}).get("stages") or []:
-        params = stage.get("overlap") if isinstance(stage, dict) else None
-        if isinstance(params, dict):
-            vs = params.get("validation_sources") or []
-            names += [vs] if isinstance(vs, str) else [str(s) for s in vs]
-    return sorted(set(names))
 
 
 def run_split(run: RunShards, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
