@@ -246,25 +246,31 @@ def _report(args: argparse.Namespace) -> int:
 def _loop(args: argparse.Namespace) -> int:
     from dataguard.loop_rounds import loop_command
 
-    _refuse_threshold_rows(args.config, args.output)
+    _check_loop_training(args)
     return loop_command(args, run=_run, train=train_command)
 
 
-def _refuse_threshold_rows(config: str, output: str) -> None:
-    """The loop's last round is the model a user ships; a threshold-rows run is a diagnostic
-    (an extra output, 1/(c+1) of the rows relabelled), and one set leaves its rows unjudged."""
+def _check_loop_training(args: argparse.Namespace) -> None:
+    """Refuse, before any round's work, a config the loop's training would refuse later: a bad
+    or missing ``train:`` section (one line naming the file, line and key), a threshold-rows
+    run and, with more than one round, a run that records no dynamics to feed back."""
     from dataguard.config import ConfigError
-    from dataguard.loop_rounds import round_dirs
-    from dataguard.train.config import load_train_config
+    from dataguard.loop_rounds import round_dirs, round_settings
 
-    try:  # each round's data folder is the loop's; the first one stands for all
-        threshold = load_train_config(config, overrides={"data": str(round_dirs(Path(output), 1)[0])}).threshold_rows
-    except (ConfigError, OSError, ValueError):
-        return  # the train step reports it in its own words
-    if threshold:
-        raise CliError(f"loop: {config}: threshold_rows trains a diagnostic model; the loop trains the one you "
+    data, run_dir = round_dirs(Path(args.output), 1)  # each round's folders are the loop's; the first stands for all
+    try:
+        cfg = round_settings(args, data, run_dir)
+    except ConfigError as exc:
+        raise CliError(f"config error: {exc}") from None
+    if cfg.threshold_rows:
+        # the loop's last round is the model a user ships; a threshold-rows run is a diagnostic
+        # (an extra output, 1/(c+1) of the rows relabelled), and one set leaves its rows unjudged
+        raise CliError(f"loop: {args.config}: threshold_rows trains a diagnostic model; the loop trains the one you "
                        "ship (train the two threshold runs by hand, then `noise: {inputs: dynamics, dynamics: "
                        "[RUN_1, RUN_2]}`)")
+    if not cfg.dynamics and args.rounds > 1:
+        raise CliError(f"loop: {args.config}: train.dynamics is false, but each round feeds its run's dynamics into "
+                       "the next: set dynamics: true (or loop --rounds 1)")
 
 
 def _loop_round(config: Any, prev_run: str | None, before_last: bool) -> None:

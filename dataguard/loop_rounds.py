@@ -53,25 +53,40 @@ def round_dirs(loop_dir: Path, r: int) -> tuple[Path, Path]:
     return loop_dir / f"round{r}" / "data", loop_dir / f"round{r}" / "run"
 
 
-def training_state(run: Path, data: Path | None = None) -> str:
-    """``new`` (no checkpoint), ``done`` (the newest intact checkpoint is at the run's last
-    step), ``partial`` (continue with --resume: also when the last checkpoint is damaged, which
-    the resume replaces) or ``stale`` (its checkpoint trained on other shards than ``data``'s:
-    the config or the inputs changed since; neither done nor resumable)."""
+class RoundRun(NamedTuple):
+    """Where a round's training run stands: ``new`` (no checkpoint), ``done`` (nothing left to
+    train), ``partial`` (continue with --resume) or ``stale`` (it no longer follows from the
+    config: neither done nor resumable; ``why`` says what changed)."""
+
+    state: str
+    why: str = ""
+
+
+def training_state(run: Path, data: Path | None = None, settings: Any = None) -> RoundRun:
+    """Where ``run`` stands against the round's ``data`` folder and its ``settings`` (the
+    round's `TrainConfig`, as `dataguard train` would load it).
+
+    ``done`` needs the newest intact checkpoint (its sha256 sums checked: a damaged last one is
+    resumed past, not kept) at the run's last step or where it stopped early, and, when the run
+    records dynamics, its ``dynamics.arrow`` (written after the last checkpoint: a run killed
+    in between is resumed, which writes it). ``stale``: it trained on other data (the config
+    or the inputs changed) or with other settings than ``settings``."""
     from dataguard.train.checkpoint import latest_checkpoint, newest_intact_checkpoint
     from dataguard.train.data.shards import recorded_fingerprint, shards_fingerprint
+    from dataguard.train.dynamics.file import FILE_NAME
+    from dataguard.train.prepare import changed_settings
 
     if not run.is_dir() or latest_checkpoint(run) is None:
-        return "new"
-    latest = newest_intact_checkpoint(run)  # hashes the newest: a damaged last one is never "done"
+        return RoundRun("new")
+    latest = newest_intact_checkpoint(run)
     if latest is None:
-        return "partial"  # every checkpoint damaged: the resume says so in its own words
+        return RoundRun("partial")  # every checkpoint damaged: the resume says so in its own words
     try:
         total = int(json.loads((run / "run.json").read_text(encoding="utf-8"))["total_steps"])
         state = json.loads((latest / "state.json").read_text(encoding="utf-8"))
         step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "partial"
+        return RoundRun("partial")
     trained_on = recorded_fingerprint(state)
     if data is not None and trained_on is not None:
         try:
@@ -79,8 +94,17 @@ def training_state(run: Path, data: Path | None = None) -> str:
         except (OSError, ValueError):
             now = trained_on  # unreadable: training reports it in its own words, not as "changed"
         if now != trained_on:
-            return "stale"
-    return "done" if step >= total else "partial"
+            return RoundRun("stale", f"its data changed since {run} trained on it (the config or its inputs changed)")
+    saved = state.get("config") or {}
+    if settings is not None:
+        changed = changed_settings(saved, settings)
+        if changed:
+            return RoundRun("stale", f"{run} trained with other settings ({'; '.join(changed)})")
+    finished = step >= total or bool((state.get("extra") or {}).get("stopped_early"))
+    dynamics = run / FILE_NAME
+    if finished and saved.get("dynamics", True) and (not dynamics.is_file() or dynamics.is_symlink()):
+        return RoundRun("partial")
+    return RoundRun("done" if finished else "partial")
 
 
 class Stages(NamedTuple):
@@ -170,6 +194,21 @@ def _entry(item: Any) -> tuple[str, dict[str, Any]]:
     return name, dict(params or {})
 
 
+def round_settings(args: argparse.Namespace, data: Path, run_dir: Path) -> Any:
+    """The round's training settings, loaded as the round's `dataguard train` loads them (the
+    config's ``train:`` section, its data and run folders, ``--max-steps``); a ConfigError
+    names the file, line and key."""
+    from dataguard.train.config import load_train_config
+    from dataguard.train.prepare import absolute_paths
+
+    overrides: dict[str, Any] = {"data": str(data), "output": str(run_dir)}
+    if getattr(args, "max_steps", None):
+        overrides["max_steps"] = args.max_steps
+    cfg = load_train_config(args.config, overrides=overrides)
+    absolute_paths(cfg)
+    return cfg
+
+
 def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo: Callable[[str], None] = print
                  ) -> int:
     """Run ``args.rounds`` rounds (``run`` / ``train`` are the CLI's own commands)."""
@@ -181,13 +220,18 @@ def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo
         run(argparse.Namespace(config=args.config, input=None, output=str(data), report=None, no_report=False,
                                workers=args.workers, executor=None, fresh=False, quiet=args.quiet, exclude=None,
                                feedback=str(prev) if prev else None, before_last=r < args.rounds))
-        state = training_state(run_dir, data)
+        try:
+            settings = round_settings(args, data, run_dir)
+        except ValueError as exc:  # a ConfigError names the file, line and key
+            from dataguard.cli_common import CliError
+
+            raise CliError(f"config error: {exc}") from None
+        state, why = training_state(run_dir, data, settings)
         if state == "stale":
             from dataguard.cli_common import CliError
 
-            raise CliError(f"loop: round {r}'s data changed since {run_dir} trained on it (the config or its inputs "
-                           f"changed); its model and the later rounds' would not follow from this config: loop "
-                           "into a new --output")
+            raise CliError(f"loop: round {r}: {why}; its model and the later rounds' would not follow from this "
+                           "config: loop into a new --output")
         if state == "done":
             echo(f"== round {r}: training already finished in {run_dir}")
         else:

@@ -70,6 +70,25 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
     assert checkpoint_damage(latest_checkpoint(loop / "round2/run")) is None
     assert (loop / "round2/run/dynamics.arrow").read_bytes() == first
 
+    # killed after round 1's last checkpoint, before its dynamics were written: round 1 is
+    # resumed (which writes them), not "finished" and then refused by round 2
+    dynamics1 = (loop / "round1/run/dynamics.arrow").read_bytes()
+    (loop / "round1/run/dynamics.arrow").unlink()
+    rewritten = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert rewritten.returncode == 0, rewritten.stderr
+    assert (loop / "round1/run/dynamics.arrow").read_bytes() == dynamics1
+    assert json.loads((loop / "round2/data/manifest.json").read_text()) == m2
+
+    # the training settings changed since: the finished rounds no longer follow from the config
+    edited = yaml.safe_load(config.read_text())
+    edited["train"]["lr"] = 1e-4
+    config.write_text(yaml.safe_dump(edited))
+    other = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr
+    assert "round 1:" in other.stderr and "trained with other settings (lr 0.003 -> 0.0001)" in other.stderr
+    edited["train"]["lr"] = 3e-3
+    config.write_text(yaml.safe_dump(edited))
+
     # the config changed since: round 1's data is rebuilt, and its finished run no longer
     # follows from it, so the loop refuses in one line instead of keeping the old models
     changed = yaml.safe_load(config.read_text())
@@ -77,7 +96,7 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
     config.write_text(yaml.safe_dump(changed))
     stale = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
     assert stale.returncode == 2 and "Traceback" not in stale.stderr
-    assert len(stale.stderr.strip().splitlines()) == 1 and "round 1's data changed since" in stale.stderr
+    assert len(stale.stderr.strip().splitlines()) == 1 and "round 1: its data changed since" in stale.stderr
 
 
 def test_a_classify_round_feeds_the_run_into_the_noise_stage_as_its_second_view(tmp_path):
@@ -150,3 +169,39 @@ def _feed_back_edge_cases(run: Path) -> None:
     assert fed({"noise": {"label_column": "intent", "action": "drop"}})[1] == stacked
     with pytest.raises(ValueError, match="1 stages but 0 config entries"):
         loop_round(Stages([NoiseStage()], []), run, before_last=False)
+
+
+def test_an_early_stopped_round_is_finished(tmp_path):
+    """A round whose run stopped early (no eval improvement) is not trained again on a rerun."""
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump({
+        "inputs": [{"path": str(REPO / "sample_data/alpaca_en_demo.json")}], "stages": [],
+        "train": {"task": "sft", "model": "tiny-causal-lm", "max_steps": 60, "batch_size": 4, "lr": 0.5,
+                  "max_length": 64, "eval_every": 2, "save_every": 2, "early_stopping_patience": 1,
+                  "tensorboard": False, "threads": 1, "guard": None}}))
+    loop = tmp_path / "loop"
+    first = _cli("loop", str(config), "--rounds", "1", "--output", str(loop), "--quiet")
+    assert first.returncode == 0, first.stderr
+    assert "early stopping at step" in first.stdout + first.stderr
+    again = _cli("loop", str(config), "--rounds", "1", "--output", str(loop), "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("training already finished") == 1
+
+
+@pytest.mark.parametrize(("train", "message"), [
+    (None, r"config error: .*p\.yaml.*train"),
+    ({"task": "sft", "model": "tiny-causal-lm", "max_step": 4}, r"config error: .*p\.yaml:\d+: train\.max_step"),
+    ({"task": "sft", "model": "tiny-causal-lm", "max_steps": 4, "dynamics": False},
+     r"train\.dynamics is false, but each round feeds"),
+])
+def test_a_loop_config_the_training_would_refuse_is_refused_before_any_round(tmp_path, train, message):
+    import re
+
+    doc = {"inputs": [{"path": str(REPO / "sample_data/alpaca_en_demo.json")}], "stages": []}
+    if train is not None:
+        doc["train"] = train
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    proc = _cli("loop", str(tmp_path / "p.yaml"), "--rounds", "2", "--output", str(tmp_path / "loop"), "--quiet")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and re.search(message, proc.stderr), proc.stderr
+    assert not (tmp_path / "loop").exists()  # no round's work was done

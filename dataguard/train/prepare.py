@@ -174,12 +174,18 @@ def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, data: str) ->
         raise TrainError(f"cannot resume {run_dir}: the shards in {cfg.data} changed since {latest.name} was saved "
                          "(other rows, or other class priors, offsets, curriculum or length cap from another pipeline run); "
                          "train into a new output")
-    mine = cfg.to_dict()
-    changed = [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
-               if k in saved and saved[k] != mine.get(k) and not _same_path(k, saved[k], mine.get(k))]
+    changed = changed_settings(saved, cfg)
     if changed:
         raise TrainError(f"cannot resume {run_dir}: settings differ from its checkpoint "
                          f"({'; '.join(changed)}); use the same settings or a new output")
+
+
+def changed_settings(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """``key old -> new`` for each setting a checkpoint's ``saved`` config differs from
+    ``cfg`` in, among those a run cannot change midway (`RESUME_KEYS`; paths compared as paths)."""
+    mine = cfg.to_dict()
+    return [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
+            if k in saved and saved[k] != mine.get(k) and not _same_path(k, saved[k], mine.get(k))]
 
 
 def _same_path(key: str, saved: Any, mine: Any) -> bool:

@@ -81,7 +81,7 @@ def save_run_checkpoint(run: CheckpointedRun, more_files: dict[str, dict[str, to
     extra = {"skipped_steps": state.skipped, "best": dict(state.best),
              "grad_variance": run.gvs.state_dict() if run.gvs is not None else None,
              "guard": guard.state_dict() if guard is not None else None, "faults": run.plan.state_dict(),
-             FINGERPRINT_KEY: state.data}
+             FINGERPRINT_KEY: state.data, "stopped_early": state.stopped_early}
     snapshots = snapshot_to_save(guard.snapshots if guard is not None else None, run.run_dir, state.step)
     try:
         return ckpt_mod.save_checkpoint(
