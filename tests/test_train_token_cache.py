@@ -153,3 +153,47 @@ def test_rows_are_cut_at_the_model_context_when_nothing_else_cuts_them(tmp_path)
                                       cache_dir=tmp_path / "cache", context=512)
     assert max_length == 512 and max(len(x) for x in enc.input_ids) == 512
     assert any("context" in w for w in warnings)
+
+
+def test_a_damaged_split_is_encoded_again_never_trained_on(sft_data, tmp_path):
+    """Flipped bytes (which would train on other ids without a word), a torn Arrow file and an
+    unreadable JSON each fail the sha256 check: the split is rebuilt, with a note saying why."""
+    run = RunShards.open(sft_data, task="sft")
+    _, tok = load_model("sft", "tiny-causal-lm")
+    folder = tmp_path / "k"
+    calls = []
+
+    def encode(table):
+        calls.append(table.num_rows)
+        return encode_sft(table, tok, 400, allow_empty=True)
+
+    def build(notes: list[str]):
+        return token_cache.cached_encoding(folder, "train", lambda: run.table.slice(0, 20), encode, "sft",
+                                           notes.append)
+
+    clean = build([])
+    want = [list(map(int, r)) for r in clean.input_ids]
+    arrow, meta = folder / "train.arrow", folder / "train.json"
+
+    def flip() -> None:
+        data = bytearray(arrow.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        arrow.write_bytes(bytes(data))
+
+    def tear() -> None:
+        arrow.write_bytes(arrow.read_bytes()[:100])
+
+    def garble() -> None:
+        meta.write_text("{not json")
+
+    for damage, why in ((flip, "does not match its sha256"), (tear, "does not match its sha256"),
+                        (garble, "unreadable train.json")):
+        damage()
+        notes: list[str] = []
+        enc = build(notes)
+        assert [list(map(int, r)) for r in enc.input_ids] == want
+        assert len(notes) == 1 and notes[0].startswith("token cache: train was damaged") and why in notes[0], notes
+    assert len(calls) == 4  # built once, then once per damage
+    notes = []
+    build(notes)
+    assert notes[0].startswith("token cache: reusing") and len(calls) == 4

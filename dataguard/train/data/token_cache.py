@@ -9,8 +9,11 @@ and every process of a multi-GPU run, paid both again. The cache is paid once an
 Layout: ``RUN/token_cache/<key>/<split>.arrow`` (an Arrow IPC file: ``input_ids``
 list<int32>; ``loss_mask`` list<uint8> for SFT, an id's label being the id where the mask is
 1 and -100 elsewhere; ``class_id`` int64 for classify; ``row_id``, ``weight``, ``repeat``)
-and ``<split>.json`` (what encoding dropped and why, rows, tokens), written last: a split
-without its JSON is incomplete and rebuilt. The key hashes everything the ids depend on: the
+and ``<split>.json`` (what encoding dropped and why, rows, tokens, the Arrow file's sha256),
+written last: a split without its JSON is incomplete and rebuilt, and so is one whose JSON
+is unreadable or whose Arrow file no longer matches its sha256 (a damaged cache is never
+trained on: bad ids would train silently, a torn file would stop the run; it can always be
+encoded again). The key hashes everything the ids depend on: the
 shards' manifest (their sha256 sums), the rows of the split, the tokenizer (its full
 serialisation, special tokens and chat template), ``max_length``, the task and label map, and
 ``ENCODER_VERSION`` (raised whenever `dataguard.train.data.encode` changes its output).
@@ -35,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataguard.io.readers import file_sha256
 from dataguard.io.safe_files import LinkRefused, atomic_writer, open_nofollow, write_atomic
 from dataguard.train.data.encode import IGNORE_INDEX
 from dataguard.train.data.encoded import Encoded
@@ -119,15 +123,38 @@ def cached_encoding(folder: Path, split: str, make_table: Callable[[], pa.Table]
     with open_nofollow(folder / f".{split}.lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one process builds; the others wait, then map
         try:
-            if not (folder / f"{split}.json").is_file():
+            present = (folder / f"{split}.json").is_file()
+            damage = _damage(folder, split) if present else None
+            if not present or damage:
                 _build(folder, split, make_table(), encode, task)
                 if note is not None:
-                    note(f"token cache: encoded {split} into {folder}")
+                    note(f"token cache: {split} was damaged ({damage}); encoded it again into {folder}" if damage
+                         else f"token cache: encoded {split} into {folder}")
             elif note is not None:
                 note(f"token cache: reusing {folder / split}.arrow")
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
     return load(folder, split)
+
+
+def _damage(folder: Path, split: str) -> str | None:
+    """Why the split's cache cannot be trusted (None: its Arrow file matches the sha256 its
+    JSON recorded). A link planted for the Arrow file is refused, not rebuilt over."""
+    arrow = folder / f"{split}.arrow"
+    if arrow.is_symlink():
+        raise LinkRefused(arrow)
+    try:
+        meta = json.loads((folder / f"{split}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"unreadable {split}.json: {exc}"
+    want = meta.get("sha256") if isinstance(meta, dict) else None
+    if not isinstance(want, str):
+        return f"{split}.json records no sha256"
+    try:
+        got = file_sha256(arrow)
+    except OSError as exc:
+        return f"unreadable {split}.arrow: {exc}"
+    return None if got == want else f"{split}.arrow does not match its sha256"
 
 
 def _batches(source: Any) -> list[pa.RecordBatch]:
@@ -175,7 +202,9 @@ def _build(folder: Path, split: str, table: pa.Table, encode: Callable[[pa.Table
                 rows += len(enc)
                 tokens += enc.n_tokens()
     write_atomic(folder / f"{split}.json", json.dumps({"rows": rows, "tokens": tokens, "dropped": dropped,
-                                                       "folded_system": folded, "task": task}, sort_keys=True) + "\n")
+                                                       "folded_system": folded, "task": task,
+                                                       "sha256": file_sha256(folder / f"{split}.arrow")},
+                                                      sort_keys=True) + "\n")
 
 
 def load(folder: Path, split: str) -> Encoded:
