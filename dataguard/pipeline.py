@@ -36,6 +36,7 @@ from dataguard.run.segment import (
 )
 from dataguard.run.shards import ShardTask, write_shards
 from dataguard.run.splits import SPLIT_BYTES, InputPlan
+from dataguard.run.trained_inputs import check_runs_read
 from dataguard.run.units import run_side_tasks, run_units, unit_tasks
 from dataguard.run.workdir import RUNTIME_KEYS, WorkDir, fingerprint, without_runtime_keys
 from dataguard.stage import Stage, StageConfigError, StageDataError
@@ -163,6 +164,9 @@ class Pipeline:
             plan = InputPlan(specs, self.batch_rows, self.split_bytes,
                              lambda tasks: run_side_tasks(executor, tasks, "reading inputs", self.progress))
             input_info = plan.input_info
+            refused = check_runs_read(self.steps, input_info)
+            if refused:
+                raise PipelineError(refused)
             work.prepare(folder, fingerprint(self.config, input_info, self.batch_rows, [s.name for s in self.steps],
                                              self.split_bytes), fresh)
             metas_by_segment, stage_seconds = self._run_segments(plan, work, executor)

@@ -254,3 +254,9 @@ class Stage:
         """What the training runner needs from this stage (priors, offsets, caps), written to
         the manifest's ``training`` section under the stage's name; None: nothing."""
         return None
+
+    def runs_read(self) -> list[str]:
+        """The training run folders (or files in them) this stage reads rows' verdicts from;
+        the pipeline refuses one trained on other files of the same names as its inputs
+        (`dataguard.run.trained_inputs`)."""
+        return []

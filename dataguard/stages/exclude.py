@@ -59,6 +59,9 @@ class ExcludeStage(Stage):
                                           f"({why['cause']})")
         self._ids = pa.array(sorted(self.rows), pa.string())
 
+    def runs_read(self) -> list[str]:
+        return list(self.runs)
+
     def output_columns(self) -> dict[str, pa.DataType]:
         return {}
 

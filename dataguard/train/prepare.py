@@ -356,12 +356,17 @@ def release_accelerator_state(precision: str) -> None:
 def write_summary(run_dir: Path, cfg: TrainConfig, notes: list[str], groups: list[dict[str, Any]],
                   lora: dict[str, Any] | None, split_source: str, enc: Encoded, val: Encoded | None, total: int,
                   warmup: int, max_length: int | None, label_map: LabelMap | None, processes: int = 1,
-                  threads: dict[str, Any] | None = None) -> None:
-    """``param_groups.txt`` and ``run.json`` (the settings, sizes, split, threads and notes of the run)."""
+                  threads: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None) -> None:
+    """``param_groups.txt`` and ``run.json`` (the settings, sizes, split, threads and notes of
+    the run, and the names and sha256 of the input files its shards came from, which the data
+    side checks before it reads the run's verdicts by row id: `dataguard.run.trained_inputs`)."""
+    from dataguard.run.trained_inputs import recorded_inputs
+
     write_atomic(run_dir / "param_groups.txt", describe_groups(groups) + "\n")
     summary = {"config": cfg.to_dict(), "total_steps": total, "warmup_steps": warmup,
                "max_length": max_length, "processes": processes, "threads": threads, "train_examples": len(enc), "val_examples": len(val) if val else 0,
                "split": split_source, "dropped": enc.dropped,
                "folded_system": int(getattr(enc, "folded_system", 0)), "param_groups": groups_record(groups),
-               "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes}
+               "lora": lora, "classes": len(label_map) if label_map else None, "notes": notes,
+               "inputs": recorded_inputs(manifest or {})}
     write_atomic(run_dir / "run.json", json.dumps(summary, indent=1, default=str) + "\n")

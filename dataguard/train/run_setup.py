@@ -247,7 +247,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
     step = state.step
     if main:
         write_summary(run_dir, cfg, notes, groups, lora_record, split_source, enc, val, total, warmup,
-                      max_length, label_map, processes=world, threads=threads)
+                      max_length, label_map, processes=world, threads=threads, manifest=run.manifest)
     metrics = MetricsLog(run_dir, cfg.tensorboard and main, resume_step=step, warn=warn, enabled=main,
                          total=total, log_every=cfg.log_every)
     resumed_at = step if resume and latest is not None else None

@@ -247,6 +247,9 @@ class NoiseStage(Stage):
         """What `estimate_issues` reads: the stage's attributes of the same names, frozen."""
         return CvOptions(**{f.name: getattr(self, f.name) for f in fields(CvOptions)})
 
+    def runs_read(self) -> list[str]:
+        return run_list(self.dynamics) if self.dynamics is not None else []
+
     def fit(self, summaries: Sequence[NoiseSummary]) -> None:
         summaries = list(summaries)
         if self.inputs == "dynamics":
