@@ -469,6 +469,43 @@ def part_news_dynamics(args: argparse.Namespace) -> None:
                          len(flagged & news["errors"])])
     print_table(f"20 Newsgroups: confirmed errors (of 82) from the dynamics of {run}",
                 ["score", "cut", "hits@151", "flagged", "found"], rows)
+    out_of_sample(run, news, aligned, order)
+
+
+def out_of_sample(run: Path, news: dict, cv_probs: Path, order: np.ndarray) -> None:
+    """Is the fine-tuned model a weak ranker, or only a memorising one? A row's first-pass entry
+    (``train_forward``: the step's forward before its update) is the model's verdict on a row it
+    has never trained on. On the second half of the first epoch (the model has seen half the
+    posts) compare its accuracy and its margin's hits with the cross-validated TF-IDF's on the
+    same rows, at the same share of flags."""
+    from dataguard.train.dynamics.file import read_dynamics
+
+    table = read_dynamics(run)[0]
+    first = np.asarray(table.column("pass").to_numpy()) == 0
+    steps = np.asarray(table.column("step").to_numpy())[first]
+    late = steps >= np.median(steps)
+    pos = np.array([int(str(i).rsplit(":", 1)[1]) for i in np.asarray(table.column("id").to_pylist())[first]])[late]
+    margin = table.column("margin").to_numpy(zero_copy_only=False)[first][late]
+    correct = np.asarray(table.column("correct").to_pylist())[first][late]
+    probs = np.load(cv_probs)
+    cv = np.full((len(news["texts"]), probs.shape[1]), np.nan)
+    cv[order] = probs
+    y = news["y"][pos]
+    given = cv[pos, y]
+    other = cv[pos].copy()
+    other[np.arange(len(pos)), y] = -np.inf
+    cv_margin = given - other.max(axis=1)
+    budget = round(151 * len(pos) / len(news["texts"]))
+    errors = news["errors"]
+
+    def hits(score: np.ndarray) -> int:
+        return len(set(pos[np.argsort(score, kind="stable")[:budget]].tolist()) & errors)
+
+    print_table(f"Out of sample: {len(pos):,} posts of the first epoch's second half ({len(set(pos.tolist()) & errors)} "
+                f"confirmed errors), worst {budget} by each score",
+                ["model", "accuracy", f"hits@{budget}"],
+                [["fine-tuned run, first-pass margin", f"{correct.mean():.3f}", hits(margin)],
+                 ["cross-validated TF-IDF, margin", f"{(cv[pos].argmax(1) == y).mean():.3f}", hits(cv_margin)]])
 
 
 def _body(text: str, n_words: int) -> str:

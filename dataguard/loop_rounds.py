@@ -216,6 +216,12 @@ def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo
     prev: Path | None = None
     for r in range(1, args.rounds + 1):
         data, run_dir = round_dirs(loop_dir, r)
+        for folder in (loop_dir, data.parent):  # the round's own folders are checked by run and train
+            if folder.is_symlink():
+                from dataguard.cli_common import CliError
+
+                raise CliError(f"loop: {folder} is a link; dataguard does not write through links out of its "
+                               "folders (remove it, or loop into a new --output)")
         echo(f"== round {r} of {args.rounds}: data {data}" + (f", fed back from {prev}" if prev else ""))
         run(argparse.Namespace(config=args.config, input=None, output=str(data), report=None, no_report=False,
                                workers=args.workers, executor=None, fresh=False, quiet=args.quiet, exclude=None,

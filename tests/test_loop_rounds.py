@@ -205,3 +205,18 @@ def test_a_loop_config_the_training_would_refuse_is_refused_before_any_round(tmp
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and re.search(message, proc.stderr), proc.stderr
     assert not (tmp_path / "loop").exists()  # no round's work was done
+
+
+def test_a_link_planted_for_a_round_folder_is_not_written_through(tmp_path):
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump({"inputs": [{"path": str(REPO / "sample_data/alpaca_en_demo.json")}],
+                                      "stages": [], "train": {"task": "sft", "model": "tiny-causal-lm",
+                                                              "max_steps": 2}}))
+    loop, elsewhere = tmp_path / "loop", tmp_path / "elsewhere"
+    loop.mkdir()
+    elsewhere.mkdir()
+    (loop / "round1").symlink_to(elsewhere)
+    proc = _cli("loop", str(config), "--rounds", "1", "--output", str(loop), "--quiet")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "round1 is a link" in proc.stderr
+    assert list(elsewhere.iterdir()) == []
