@@ -72,7 +72,7 @@ def training_state(run: Path, data: Path | None = None, settings: Any = None) ->
     in between is resumed, which writes it). ``stale``: it trained on other data (the config
     or the inputs changed) or with other settings than ``settings``."""
     from dataguard.train.checkpoint import latest_checkpoint, newest_intact_checkpoint
-    from dataguard.train.data.shards import recorded_fingerprint, shards_fingerprint
+    from dataguard.train.data.shards import data_changed
     from dataguard.train.dynamics.file import FILE_NAME
     from dataguard.train.prepare import changed_settings
 
@@ -87,13 +87,12 @@ def training_state(run: Path, data: Path | None = None, settings: Any = None) ->
         step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return RoundRun("partial")
-    trained_on = recorded_fingerprint(state)
-    if data is not None and trained_on is not None:
+    if data is not None:
         try:
-            now = shards_fingerprint(json.loads((data / "manifest.json").read_text(encoding="utf-8")))
+            manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            now = trained_on  # unreadable: training reports it in its own words, not as "changed"
-        if now != trained_on:
+            manifest = None  # unreadable: training reports it in its own words, not as "changed"
+        if isinstance(manifest, dict) and data_changed(state, manifest):
             return RoundRun("stale", f"its data changed since {run} trained on it (the config or its inputs changed)")
     saved = state.get("config") or {}
     if settings is not None:

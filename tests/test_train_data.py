@@ -562,3 +562,24 @@ def test_runner_split_classify(cls_run, minilm):
                                 batch_size=8, seed=0)
     first, mults = sampler.next_batch()
     assert all(mult[0][train.class_ids[i]] > 0 for i in first) and (mults == 1.0).all()
+
+
+def test_a_checkpoint_of_the_shards_only_fingerprint_still_resumes_after_the_upgrade():
+    """Checkpoints saved before the fingerprint covered the manifest recorded the shards alone
+    (``data_sha256``); they are compared by that formula, so an upgrade refuses no resume, and
+    the new fingerprint (``data_fingerprint``) also sees a changed training section."""
+    import hashlib
+
+    from dataguard.train.data.shards import data_changed, shards_fingerprint
+
+    manifest = {"outputs": {"data": [{"path": "data/data-00000.arrow", "sha256": "ab"}]},
+                "training": {"longtail": {"logit_offsets": [0.1, -0.1]}}}
+    legacy = hashlib.sha256(json.dumps([["data/data-00000.arrow", "ab"]]).encode()).hexdigest()
+    rebuilt = {**manifest, "outputs": {"data": [{"path": "data/data-00000.arrow", "sha256": "cd"}]}}
+    offsets = {**manifest, "training": {"longtail": {"logit_offsets": [0.3, -0.3]}}}
+    assert data_changed({"extra": {"data_sha256": legacy}}, manifest) is False
+    assert data_changed({"extra": {"data_sha256": legacy}}, rebuilt) is True
+    now = {"extra": {"data_fingerprint": shards_fingerprint(manifest)}}
+    assert data_changed(now, manifest) is False
+    assert data_changed(now, rebuilt) is True and data_changed(now, offsets) is True
+    assert data_changed({"extra": {}}, manifest) is None and data_changed({}, manifest) is None

@@ -306,7 +306,7 @@ def test_a_resume_on_rebuilt_shards_is_refused(tmp_path):
     from dataguard.train.data import RunShards
 
     state = json.loads((latest_checkpoint(tmp_path / "run") / "state.json").read_text())
-    assert state["extra"]["data_sha256"] == RunShards.open(data, task="sft").fingerprint
+    assert state["extra"]["data_fingerprint"] == RunShards.open(data, task="sft").fingerprint
     (tmp_path / "a.json").write_text(json.dumps(src[:100]))  # the same input, fewer rows, rebuilt in place
     Pipeline([], workers=1).run([InputSpec(path=str(tmp_path / "a.json"), name="a")], data, fresh=True)
     with pytest.raises(TrainError, match=r"the shards in .*data changed since step-000002 was saved") as err:

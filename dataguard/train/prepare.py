@@ -25,7 +25,7 @@ from dataguard.train.data import (
     class_vector,
     pack,
 )
-from dataguard.train.data.shards import recorded_fingerprint
+from dataguard.train.data.shards import data_changed
 from dataguard.train.data.token_cache import cache_key, cached_encoding
 from dataguard.train.errors import TrainError
 from dataguard.train.model.base_dtype import BaseDtypeError, check_quantize
@@ -160,17 +160,16 @@ def choose_threads(cfg: TrainConfig, run_dir: Path, resume: bool) -> dict[str, A
             "from": f"{cpus} usable CPU{'s' * (cpus > 1)} / {local} local process{'es' * (local > 1)}"}
 
 
-def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, data: str) -> None:
-    """Refuse a resume whose settings or shards (``data``: their fingerprint) would not
-    continue the same run: the sampler's position indexes rows, so other rows would mix two
-    datasets in one run without a word."""
+def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a resume whose settings or data (the shards and what the runner reads from their
+    ``manifest``) would not continue the same run: the sampler's position indexes rows, so
+    other rows would mix two datasets in one run without a word."""
     try:
         state = json.loads((latest / "state.json").read_text())
     except (OSError, ValueError) as exc:
         raise TrainError(f"{latest}: unreadable state.json ({exc})") from None
     saved = state.get("config") or {}
-    before = recorded_fingerprint(state)
-    if before is not None and before != data:  # older checkpoints did not record it
+    if data_changed(state, manifest):  # None: an older checkpoint recorded nothing to compare
         raise TrainError(f"cannot resume {run_dir}: the shards in {cfg.data} changed since {latest.name} was saved "
                          "(other rows, or other class priors, offsets, curriculum or length cap from another pipeline run); "
                          "train into a new output")

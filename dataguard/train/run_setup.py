@@ -124,7 +124,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
                                             if newest is not None and newest != latest else "")
                    if latest_verified else "intact checkpoint (none was verified by the guard yet)"))
     if resume and latest is not None:
-        check_resumable(cfg, run_dir, latest, run.fingerprint)
+        check_resumable(cfg, run_dir, latest, run.manifest)
     if resume and latest is None:
         echo(f"no complete checkpoint in {run_dir}; starting from step 0")
     run_dir.mkdir(parents=True, exist_ok=True)

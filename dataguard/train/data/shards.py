@@ -173,13 +173,25 @@ def tokenizer_mismatch(counted_by: str | None, tokenizer: Any) -> str | None:
             "length stage with this model's tokenizer)")
 
 
-FINGERPRINT_KEY = "data_sha256"  # where a checkpoint's state.json ("extra") records it
+FINGERPRINT_KEY = "data_fingerprint"  # where a checkpoint's state.json ("extra") records it
+LEGACY_FINGERPRINT_KEY = "data_sha256"  # checkpoints before it covered the manifest: shards only
 
 
-def recorded_fingerprint(state: dict[str, Any]) -> str | None:
-    """The shards' fingerprint a checkpoint's ``state.json`` recorded (None: saved before it
-    was recorded, so nothing can be compared)."""
-    return (state.get("extra") or {}).get(FINGERPRINT_KEY) or None
+def data_changed(state: dict[str, Any], manifest: dict[str, Any]) -> bool | None:
+    """Whether the data a checkpoint's ``state.json`` recorded differs from ``manifest``'s
+    (None: saved before any was recorded, so nothing can be compared). A checkpoint of the
+    shards-only fingerprint is compared by that formula, so an upgrade alone refuses no resume."""
+    extra = state.get("extra") or {}
+    if extra.get(FINGERPRINT_KEY):
+        return bool(extra[FINGERPRINT_KEY] != shards_fingerprint(manifest))
+    if extra.get(LEGACY_FINGERPRINT_KEY):
+        return bool(extra[LEGACY_FINGERPRINT_KEY] != _shards_only(manifest))
+    return None
+
+
+def _shards_only(manifest: dict[str, Any]) -> str:
+    listed = [[str(f.get("path")), str(f.get("sha256"))] for f in (manifest.get("outputs") or {}).get("data") or []]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()
 
 
 def shards_fingerprint(manifest: dict[str, Any]) -> str:
@@ -187,8 +199,7 @@ def shards_fingerprint(manifest: dict[str, Any]) -> str:
     shards (name, sha256) and the manifest's parts the runner trains by, so byte-identical
     shards with other class priors, logit offsets or curriculum (a ``longtail`` stage's
     ``tau`` edited), another length cap or other validation sources are other data too."""
-    listed = [[str(f.get("path")), str(f.get("sha256"))] for f in (manifest.get("outputs") or {}).get("data") or []]
-    read_by_runner = {"shards": listed, "training": manifest.get("training") or {},
+    read_by_runner = {"shards": _shards_only(manifest), "training": manifest.get("training") or {},
                       "length_cap": list(length_cap(manifest)), "validation_sources": validation_sources(manifest)}
     return hashlib.sha256(json.dumps(read_by_runner, sort_keys=True, default=str).encode()).hexdigest()
 
