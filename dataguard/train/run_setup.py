@@ -119,10 +119,13 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
             raise TrainError(f"{run_dir}: every checkpoint is damaged; nothing can be resumed safely "
                              "(start a new run in another folder)")
         newest = ckpt_mod.latest_checkpoint(run_dir)
+        skipped = ""
+        if newest is not None and newest != latest:  # a verified newer one was passed over as damaged
+            skipped = f" (newer, {'damaged' if ckpt_mod.is_verified(newest) else 'not verified by the guard'}: " \
+                      f"{newest.name})"
         note(f"resuming from {latest.name}, the newest "
-                + ("verified checkpoint" + (f" (newer, not verified by the guard: {newest.name})"
-                                            if newest is not None and newest != latest else "")
-                   if latest_verified else "intact checkpoint (none was verified by the guard yet)"))
+             + ("verified checkpoint" + skipped if latest_verified
+                else "intact checkpoint (none was verified by the guard yet)"))
     if resume and latest is not None:
         check_resumable(cfg, run_dir, latest, run.manifest)
     if resume and latest is None:
