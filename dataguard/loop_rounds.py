@@ -74,7 +74,7 @@ def training_state(run: Path, data: Path | None = None, settings: Any = None) ->
     from dataguard.train.checkpoint import latest_checkpoint, newest_intact_checkpoint
     from dataguard.train.data.shards import data_changed
     from dataguard.train.dynamics.file import FILE_NAME
-    from dataguard.train.prepare import changed_settings
+    from dataguard.train.prepare import changed_settings, model_keys
 
     if not run.is_dir() or latest_checkpoint(run) is None:
         return RoundRun("new")
@@ -96,7 +96,7 @@ def training_state(run: Path, data: Path | None = None, settings: Any = None) ->
             return RoundRun("stale", f"its data changed since {run} trained on it (the config or its inputs changed)")
     saved = state.get("config") or {}
     if settings is not None:
-        changed = changed_settings(saved, settings)
+        changed = changed_settings(saved, settings, model_keys())
         if changed:
             return RoundRun("stale", f"{run} trained with other settings ({'; '.join(changed)})")
     finished = step >= total or bool((state.get("extra") or {}).get("stopped_early"))
@@ -215,12 +215,11 @@ def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo
     prev: Path | None = None
     for r in range(1, args.rounds + 1):
         data, run_dir = round_dirs(loop_dir, r)
-        for folder in (loop_dir, data.parent):  # the round's own folders are checked by run and train
-            if folder.is_symlink():
-                from dataguard.cli_common import CliError
+        if data.parent.is_symlink():  # LOOP itself is the user's choice, as `run --output`; run and train check the rest
+            from dataguard.cli_common import CliError
 
-                raise CliError(f"loop: {folder} is a link; dataguard does not write through links out of its "
-                               "folders (remove it, or loop into a new --output)")
+            raise CliError(f"loop: {data.parent} is a link; dataguard does not write through links out of its "
+                           "folders (remove it, or loop into a new --output)")
         echo(f"== round {r} of {args.rounds}: data {data}" + (f", fed back from {prev}" if prev else ""))
         run(argparse.Namespace(config=args.config, input=None, output=str(data), report=None, no_report=False,
                                workers=args.workers, executor=None, fresh=False, quiet=args.quiet, exclude=None,

@@ -144,7 +144,6 @@ class Pipeline:
         folder = OutputFolder(output)
         try:
             folder.claim(Path(spec.path) for spec in specs if spec.path is not None)
-            folder.invalidate_run_description()
             return self._run_claimed(specs, output, folder, fresh)
         except OutputFolderError as exc:
             raise PipelineError(str(exc)) from None
@@ -165,8 +164,9 @@ class Pipeline:
                              lambda tasks: run_side_tasks(executor, tasks, "reading inputs", self.progress))
             input_info = plan.input_info
             refused = check_runs_read(self.steps, input_info)
-            if refused:
+            if refused:  # before the folder's last run description is touched: a refusal changes nothing
                 raise PipelineError(refused)
+            folder.invalidate_run_description()
             work.prepare(folder, fingerprint(self.config, input_info, self.batch_rows, [s.name for s in self.steps],
                                              self.split_bytes), fresh)
             metas_by_segment, stage_seconds = self._run_segments(plan, work, executor)

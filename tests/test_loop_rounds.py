@@ -87,6 +87,16 @@ def test_two_rounds_feed_the_first_run_back_and_resume(tmp_path):
     assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr
     assert "round 1:" in other.stderr and "trained with other settings (lr 0.003 -> 0.0001)" in other.stderr
     edited["train"]["lr"] = 3e-3
+    edited["train"]["weight_decay"] = 0.5  # one a resume may change midway, but not a finished model's
+    config.write_text(yaml.safe_dump(edited))
+    other = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert other.returncode == 2 and "trained with other settings (weight_decay " in other.stderr, other.stderr
+    del edited["train"]["weight_decay"]
+    edited["train"]["log_every"] = 7  # how the run is logged is not the model: still finished
+    config.write_text(yaml.safe_dump(edited))
+    logged = _cli("loop", str(config), "--rounds", "2", "--output", str(loop), "--quiet")
+    assert logged.returncode == 0 and logged.stdout.count("training already finished") == 2, logged.stderr
+    del edited["train"]["log_every"]
     config.write_text(yaml.safe_dump(edited))
 
     # the config changed since: round 1's data is rebuilt, and its finished run no longer
@@ -186,6 +196,16 @@ def test_an_early_stopped_round_is_finished(tmp_path):
     again = _cli("loop", str(config), "--rounds", "1", "--output", str(loop), "--quiet")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("training already finished") == 1
+    # killed before its dynamics were written: the resume writes them and trains no further
+    from dataguard.train.checkpoint import complete_checkpoints
+
+    checkpoints = [p.name for p in complete_checkpoints(loop / "round1/run")]
+    dynamics = (loop / "round1/run/dynamics.arrow").read_bytes()
+    (loop / "round1/run/dynamics.arrow").unlink()
+    resumed = _cli("loop", str(config), "--rounds", "1", "--output", str(loop), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [p.name for p in complete_checkpoints(loop / "round1/run")] == checkpoints
+    assert (loop / "round1/run/dynamics.arrow").read_bytes() == dynamics
 
 
 @pytest.mark.parametrize(("train", "message"), [

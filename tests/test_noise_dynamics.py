@@ -5,6 +5,7 @@ mistake in the config is one line naming the file, line and key."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -212,3 +213,46 @@ def test_a_row_relabelled_since_the_run_is_not_judged_by_it(trained, params):
     else:  # the cross-validated rank alone for those rows
         assert log["rows_judged"] == len(trained_on) - len(moved)
         assert log["rows_unjudged"] == table.num_rows - log["rows_judged"]
+
+
+def test_a_hand_relabelled_input_keeps_its_run_and_only_the_edited_rows_go_unjudged(trained, tmp_path):
+    """The user fixes three labels in the file the run trained on and runs again with the same
+    ``dynamics: RUN``: not refused as another file (the run records each row's label), the
+    three rows are judged by the cross-validated view alone."""
+    import csv
+
+    table, run = trained
+    source = Path(json.loads((Path(run) / "run.json").read_text())["config"]["data"]).parent / "bank.csv"
+    with source.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    trained_on = set(aggregate(read_dynamics(run)[0]).ids)
+    edited = [i for i in range(len(rows)) if f"bank.csv:{i}" in trained_on][:3]
+    for i in edited:
+        rows[i]["category"] = next(r["category"] for r in rows if r["category"] != rows[i]["category"])
+    (tmp_path / "bank.csv").write_text("", encoding="utf-8")
+    with (tmp_path / "bank.csv").open("w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "category"])
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "p.yaml").write_text(
+        f"inputs:\n  - path: {tmp_path / 'bank.csv'}\n    format: labelled_text\n    aliases: {{category: label}}\n"
+        f"stages:\n  - noise: {{features: tfidf, dynamics: {run}}}\n")
+    proc = subprocess.run([sys.executable, "-m", "dataguard", "run", str(tmp_path / "p.yaml"), "--output",
+                           str(tmp_path / "out"), "--no-report", "--quiet"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    noise = next(s for s in json.loads((tmp_path / "out/manifest.json").read_text())["stages"] if s["name"] == "noise")
+    assert noise["description"]["summary"]["second_view"]["rows_other_label"] == 3
+
+
+def test_a_binary_run_of_other_rows_is_told_apart_from_chance():
+    """With two classes a run of another file agrees on about half the labels by chance: the
+    cut sits halfway between chance and full agreement, not at one half."""
+    from dataguard.stage import StageDataError
+    from dataguard.stages.noise.dynamics import chance_agreement, require_judged
+
+    chance = chance_agreement(["a", "b"] * 50)
+    assert chance == pytest.approx(0.5)
+    scores = np.r_[np.zeros(60), np.full(40, np.nan)]
+    with pytest.raises(StageDataError, match="60% agree, 50% by chance"):
+        require_judged(scores, "RUN", other_label=40, chance=chance)
+    require_judged(np.r_[np.zeros(97), np.full(3, np.nan)], "RUN", other_label=3, chance=chance)  # three edits

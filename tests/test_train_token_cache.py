@@ -192,7 +192,7 @@ def test_a_damaged_split_is_encoded_again_never_trained_on(sft_data, tmp_path):
         notes: list[str] = []
         enc = build(notes)
         assert [list(map(int, r)) for r in enc.input_ids] == want
-        assert len(notes) == 1 and notes[0].startswith("token cache: train was damaged") and why in notes[0], notes
+        assert len(notes) == 1 and notes[0].startswith("token cache: train not trusted") and why in notes[0], notes
     assert len(calls) == 4  # built once, then once per damage
     notes = []
     build(notes)

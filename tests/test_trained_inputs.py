@@ -57,31 +57,41 @@ def test_the_run_records_its_inputs(sft_run):
 @pytest.mark.parametrize("how", ["dynamics", "exclude"])
 def test_a_run_of_another_file_of_the_same_name_is_refused(sft_run, tmp_path, how):
     run, rows = sft_run
+    stages = [{"noise": {"inputs": "dynamics", "dynamics": str(run)}}] if how == "dynamics" else []
+    extra = ("--exclude", str(run)) if how == "exclude" else ()
+    same = _run(tmp_path, run.parent / "a/alpaca.json", stages, *extra)  # the file it trained on: fine
+    assert same.returncode == 0, same.stderr
+    described = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file() and p.suffix == ".json"}
+    assert "manifest.json" in described
+
     (tmp_path / "b").mkdir()
     other = tmp_path / "b/alpaca.json"  # the same name, the rows in another order: every id matches
     other.write_text(json.dumps(rows[::-1]), encoding="utf-8")
-    stages = [{"noise": {"inputs": "dynamics", "dynamics": str(run)}}] if how == "dynamics" else []
-    extra = ("--exclude", str(run)) if how == "exclude" else ()
     proc = _run(tmp_path, other, stages, *extra)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert f"the training run {run} trained on another file named alpaca.json" in lines[0]
-    assert not (tmp_path / "out/manifest.json").exists()
-
-    same = _run(tmp_path, run.parent / "a/alpaca.json", stages, *extra)  # the file it trained on: fine
-    assert same.returncode == 0, same.stderr
+    assert f"the training run {run} trained on another version of alpaca.json" in lines[0]
+    # refused before the output folder's last run description was touched
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()
+            if p.is_file() and p.suffix == ".json"} == described
 
 
 def test_a_run_from_before_inputs_were_recorded_is_checked_through_its_shards(sft_run, tmp_path):
+    """Through the manifest of the shards it names, while its newest checkpoint says it
+    trained on that manifest; a run with no checkpoint to vouch for it is not checked."""
+    import shutil
+
     run, rows = sft_run
     old = tmp_path / "old_run"
-    old.mkdir()
-    summary = json.loads((run / "run.json").read_text())
+    shutil.copytree(run, old)
+    summary = json.loads((old / "run.json").read_text())
     del summary["inputs"]
     (old / "run.json").write_text(json.dumps(summary))
-    (old / "events.jsonl").write_text("")
     (tmp_path / "b").mkdir()
     (tmp_path / "b/alpaca.json").write_text(json.dumps(rows[::-1]), encoding="utf-8")
     proc = _run(tmp_path, tmp_path / "b/alpaca.json", [], "--exclude", str(old))
-    assert proc.returncode != 0 and "trained on another file named alpaca.json" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "trained on another version of alpaca.json" in proc.stderr, proc.stderr
+    shutil.rmtree(old / "checkpoints")
+    unchecked = _run(tmp_path, tmp_path / "b/alpaca.json", [], "--exclude", str(old))
+    assert unchecked.returncode == 0, unchecked.stderr

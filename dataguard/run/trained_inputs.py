@@ -8,8 +8,14 @@ losses and a guard's quarantined ids carry nothing to compare. So the runner rec
 and sha256 of the inputs its shards came from (``run.json`` ``inputs``, from their manifest),
 and the pipeline compares them with its own inputs before any stage runs.
 
-A run from before ``inputs`` was recorded is compared through the manifest of the shards it
-names (``config.data``), when that folder is still there; otherwise it cannot be checked.
+What is refused is a file that changed since the run trained on it: replaced by another of
+the same name, or edited in place (a fixed typo, appended rows: positions may have moved). A
+classify run whose dynamics record each row's label is not refused here: the noise stage
+compares labels row by row, so a hand-relabelled input keeps working. An in-memory dataset
+has no sha256 (its `datasets` fingerprint is not a hash of its content), so it is not
+compared. A run from before ``inputs`` was recorded is compared through the manifest of the
+shards it names (``config.data``) only while that manifest is still the one its newest
+checkpoint trained on; otherwise it cannot be checked, and is not.
 """
 
 from __future__ import annotations
@@ -20,20 +26,11 @@ from pathlib import Path
 from typing import Any
 
 
-def input_identity(info: dict[str, Any]) -> str | None:
-    """A manifest input entry's content identity: its sha256 (a file or folder) or the
-    dataset fingerprint (an in-memory dataset); None when it has neither."""
-    value = info.get("sha256") or info.get("fingerprint")
-    return str(value) if value else None
-
-
 def recorded_inputs(manifest: dict[str, Any]) -> list[dict[str, str]]:
-    """What ``run.json`` records of a manifest's inputs: name and identity of each."""
-    out = []
-    for info in manifest.get("inputs") or []:
-        if isinstance(info, dict) and info.get("name") and input_identity(info):
-            out.append({"name": str(info["name"]), "sha256": str(input_identity(info))})
-    return out
+    """What ``run.json`` records of a manifest's inputs: the name and sha256 of each file or
+    folder input (in-memory datasets have none)."""
+    return [{"name": str(info["name"]), "sha256": str(info["sha256"])} for info in manifest.get("inputs") or []
+            if isinstance(info, dict) and info.get("name") and info.get("sha256")]
 
 
 def trained_inputs(run: str | Path) -> dict[str, str] | None:
@@ -45,12 +42,26 @@ def trained_inputs(run: str | Path) -> dict[str, str] | None:
     try:
         summary = json.loads((folder / "run.json").read_text(encoding="utf-8"))
         listed = summary.get("inputs")
-        if listed is None:  # a run from before they were recorded: its shards' manifest
+        if listed is None:  # a run from before they were recorded: its shards' manifest, if still theirs
             data = Path(str((summary.get("config") or {}).get("data")))
-            listed = recorded_inputs(json.loads((data / "manifest.json").read_text(encoding="utf-8")))
+            manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+            if not _trained_on(folder, manifest):
+                return None
+            listed = recorded_inputs(manifest)
         return {str(e["name"]): str(e["sha256"]) for e in listed}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def _trained_on(run: Path, manifest: dict[str, Any]) -> bool:
+    """Whether ``manifest`` is what the run's newest checkpoint recorded training on."""
+    from dataguard.train.data.shards import data_changed
+
+    steps = sorted((p for p in (run / "checkpoints").glob("step-*") if (p / "state.json").is_file()),
+                   key=lambda p: p.name)
+    if not steps:
+        return False
+    return data_changed(json.loads((steps[-1] / "state.json").read_text(encoding="utf-8")), manifest) is False
 
 
 def other_files(run: str | Path, input_info: Sequence[dict[str, Any]]) -> list[str]:
@@ -58,7 +69,7 @@ def other_files(run: str | Path, input_info: Sequence[dict[str, Any]]) -> list[s
     but with other content."""
     trained = trained_inputs(run) or {}
     return [str(info["name"]) for info in input_info
-            if str(info.get("name")) in trained and input_identity(info) not in (None, trained[str(info["name"])])]
+            if str(info.get("name")) in trained and info.get("sha256") and info["sha256"] != trained[str(info["name"])]]
 
 
 def check_runs_read(steps: Sequence[Any], input_info: Sequence[dict[str, Any]]) -> str | None:
@@ -68,7 +79,7 @@ def check_runs_read(steps: Sequence[Any], input_info: Sequence[dict[str, Any]]) 
         for run in step.runs_read():
             names = other_files(run, input_info)
             if names:
-                return (f"stage {step.name}: the training run {run} trained on another file named "
-                        f"{', '.join(names)} (its sha256 differs from this run's input); row ids are "
-                        "name:position, so it would name other rows: train it again on these inputs")
+                return (f"stage {step.name}: the training run {run} trained on another version of "
+                        f"{', '.join(names)} (its sha256 differs: replaced or edited since); row ids are "
+                        "name:position, so its verdicts may name other rows: train it again on these inputs")
     return None

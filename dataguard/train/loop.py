@@ -213,7 +213,7 @@ class Trainer:
         bar = progress_bar(self.total, state.step) if self.progress else None
         self.model.train()
         t_last = time.perf_counter()
-        while state.step < self.total and (stop_after is None or state.step < stop_after):
+        while state.step < self.total and not state.stopped_early and (stop_after is None or state.step < stop_after):
             out = self._train_step()
             state.step = out.step
             state.skipped += not out.applied

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -179,11 +180,23 @@ def check_resumable(cfg: TrainConfig, run_dir: Path, latest: Path, manifest: dic
                          f"({'; '.join(changed)}); use the same settings or a new output")
 
 
-def changed_settings(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+# settings that change where and how a run is written or watched, not the model it trains
+RUN_ONLY_KEYS = frozenset({"output", "threads", "device", "save_every", "keep_checkpoints", "log_every",
+                           "tensorboard", "monitor_every", "histogram_every", "gradient_checkpointing"})
+
+
+def model_keys() -> tuple[str, ...]:
+    """Every setting that changes the trained model (all but `RUN_ONLY_KEYS`): what a finished
+    run must match to stand for a config (`dataguard.loop_rounds.training_state`)."""
+    return tuple(f.name for f in fields(TrainConfig) if f.name not in RUN_ONLY_KEYS)
+
+
+def changed_settings(saved: dict[str, Any], cfg: TrainConfig, keys: Sequence[str] = RESUME_KEYS) -> list[str]:
     """``key old -> new`` for each setting a checkpoint's ``saved`` config differs from
-    ``cfg`` in, among those a run cannot change midway (`RESUME_KEYS`; paths compared as paths)."""
+    ``cfg`` in, among ``keys`` (by default those a run cannot change midway, `RESUME_KEYS`;
+    paths compared as paths; a key the checkpoint predates is not compared)."""
     mine = cfg.to_dict()
-    return [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in RESUME_KEYS
+    return [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in keys
             if k in saved and saved[k] != mine.get(k) and not _same_path(k, saved[k], mine.get(k))]
 
 

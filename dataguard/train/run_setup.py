@@ -238,6 +238,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, resume: bool, *, echo: Callable[[
         state.step, state.history, rng_state = loaded.step, list(loaded.history), loaded.rng
         state.skipped = int(loaded.extra.get("skipped_steps", 0))
         state.best.update(loaded.extra.get("best", {}))
+        state.stopped_early = bool(loaded.extra.get("stopped_early"))  # a resume does not train past it
         state.saved = True
         if gvs is not None and loaded.extra.get("grad_variance"):
             gvs.load_state_dict(loaded.extra["grad_variance"])

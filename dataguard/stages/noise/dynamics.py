@@ -250,22 +250,49 @@ def median_or_none(values: np.ndarray) -> float | None:
     return round(float(np.median(v)), 6) if v.size else None
 
 
-def require_judged(scores: np.ndarray, run: str, other_label: int = 0) -> None:
+def require_judged(scores: np.ndarray, run: str, other_label: int = 0, chance: float = 0.0) -> None:
     """Refuse a run that judged none of the rows (``scores``: one per row, NaN where the run
     did not judge it): its row ids are not these shards' (a run of other data, or shards
     rebuilt with different ids), and flagging nothing would read as clean data in the audit.
-    Refuse it too when most rows it shares ids with trained under another label
-    (``other_label`` of them): ids are ``file:position``, so a run of another file of the same
-    name matches by id, and a relabelling stage changes only the few rows it flags. Each run
-    is checked alone: one wrong run in a list would otherwise go unnoticed beside a right one."""
+
+    Refuse it too when the rows it shares ids with agree with the label it trained them under
+    no better than halfway between chance (``chance``: the share two random rows of these
+    labels agree, the sum of the squared class shares) and full agreement: ids are
+    ``file:position``, so a run of another file of the same name matches every id, and agrees
+    only by chance, while a relabelling stage or a hand edit changes a few labels
+    (``other_label``: the rows trained under another label). Each run is checked alone: one
+    wrong run in a list would otherwise go unnoticed beside a right one."""
     judged = int(np.isfinite(scores).sum())
     if len(scores) and not judged and not other_label:
         raise StageDataError(f"the training run {run} judged none of the {len(scores)} rows (no row id matches); "
                              "was it trained on these shards?")
-    if other_label > judged:
-        raise StageDataError(f"the training run {run} trained {other_label} of the {other_label + judged} rows "
-                             "whose ids it shares under another label than theirs now; was it trained on these "
-                             "shards (row ids are file:position, so another file of the same name matches)?")
+    shared = judged + other_label
+    if other_label and judged / shared < (1.0 + chance) / 2.0:
+        raise StageDataError(f"the training run {run} trained {other_label} of the {shared} rows whose ids it "
+                             f"shares under another label than theirs now ({judged / shared:.0%} agree, "
+                             f"{chance:.0%} by chance); was it trained on these shards (row ids are file:position, "
+                             "so another file of the same name matches)?")
+
+
+def chance_agreement(labels: Sequence[str]) -> float:
+    """The share of agreeing labels between two rows drawn at random from ``labels``."""
+    if not len(labels):
+        return 0.0
+    _, counts = np.unique(np.asarray(labels, dtype=object).astype(str), return_counts=True)
+    share = counts / counts.sum()
+    return float(np.sum(share ** 2))
+
+
+def labels_recorded(run: str) -> bool:
+    """Whether a run's dynamics name the label each row trained under (a classify run of
+    ``dataguard.dynamics/2``), so the rows themselves tell another file of the same name apart."""
+    from dataguard.train.dynamics.file import FORMAT, read_metadata
+
+    try:
+        meta = read_metadata(run)
+    except DynamicsFileError:
+        return False
+    return meta.get("task") == "classify" and meta.get("format") == FORMAT
 
 
 def run_list(dynamics: Any) -> list[str]:

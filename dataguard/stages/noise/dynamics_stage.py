@@ -53,8 +53,9 @@ def fit(stage: Any, summaries: Sequence[Any]) -> None:
     y = np.fromiter((index[lab] for lab in labels), dtype=np.int64, count=len(labels))
     views = [D.run_view(rows, set(meta["threshold_rows"]), ids, score=stage.dynamics_score, cut=stage.dynamics_cut,
                         seed=stage.seed, given=labels) for rows, meta in runs]
+    chance = D.chance_agreement(labels)
     for run, view in zip(D.run_list(stage.dynamics), views, strict=True):
-        D.require_judged(view.quality, run, view.other_label)
+        D.require_judged(view.quality, run, view.other_label, chance)
     est, seen, log = D.classify_estimate(views, y, classes, min_rows_per_class=stage.min_rows_per_class,
                                          max_flagged=stage.max_flagged)
     stage.dynamics_log = {"score": stage.dynamics_score, **log,

@@ -248,7 +248,12 @@ class NoiseStage(Stage):
         return CvOptions(**{f.name: getattr(self, f.name) for f in fields(CvOptions)})
 
     def runs_read(self) -> list[str]:
-        return run_list(self.dynamics) if self.dynamics is not None else []
+        """The runs whose verdicts only the row id ties to a row: sft runs, and classify runs
+        from before dynamics recorded each row's label (a run that records it is checked row
+        by row, so a hand-relabelled input is not refused whole)."""
+        from dataguard.stages.noise.dynamics import labels_recorded
+
+        return [run for run in run_list(self.dynamics) if not labels_recorded(run)]
 
     def fit(self, summaries: Sequence[NoiseSummary]) -> None:
         summaries = list(summaries)

@@ -55,7 +55,7 @@ def dynamics_rank(runs: Sequence[str], ids: list[str], score: str,
     for run in runs:
         rows, meta = D.load(run)
         view = D.run_view(rows, set(meta["threshold_rows"]), ids, score=score, cut=0.0, given=labels)
-        D.require_judged(view.quality, run, view.other_label)
+        D.require_judged(view.quality, run, view.other_label, D.chance_agreement(labels or []))
         ranks.append(percentile_ranks(view.quality))
         other += view.other_label
     stack = np.vstack(ranks)

@@ -120,20 +120,31 @@ def cached_encoding(folder: Path, split: str, make_table: Callable[[], pa.Table]
     """The split's encoding from ``folder``, built first when missing from ``make_table()``
     (called only then) with ``encode``, which must accept chunks that keep no row."""
     folder.mkdir(parents=True, exist_ok=True)
+
+    def trusted() -> tuple[bool, str | None]:
+        present = (folder / f"{split}.json").is_file()
+        damage = _damage(folder, split) if present else None
+        return present and damage is None, damage
+
     with open_nofollow(folder / f".{split}.lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one process builds; the others wait, then map
+        fcntl.flock(lock.fileno(), fcntl.LOCK_SH)  # every process checks the sums at once
         try:
-            present = (folder / f"{split}.json").is_file()
-            damage = _damage(folder, split) if present else None
-            if not present or damage:
-                _build(folder, split, make_table(), encode, task)
-                if note is not None:
-                    note(f"token cache: {split} was damaged ({damage}); encoded it again into {folder}" if damage
-                         else f"token cache: encoded {split} into {folder}")
-            elif note is not None:
-                note(f"token cache: reusing {folder / split}.arrow")
+            ok, damage = trusted()
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        if not ok:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one process builds; the others wait, then map
+            try:
+                ok, damage = trusted()  # another process may have built it meanwhile
+                if not ok:
+                    _build(folder, split, make_table(), encode, task)
+                    if note is not None:
+                        note(f"token cache: {split} not trusted ({damage}); encoded it again into {folder}"
+                             if damage else f"token cache: encoded {split} into {folder}")
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        if ok and note is not None:
+            note(f"token cache: reusing {folder / split}.arrow")
     return load(folder, split)
 
 
@@ -149,7 +160,7 @@ def _damage(folder: Path, split: str) -> str | None:
         return f"unreadable {split}.json: {exc}"
     want = meta.get("sha256") if isinstance(meta, dict) else None
     if not isinstance(want, str):
-        return f"{split}.json records no sha256"
+        return f"built by an older dataguard: {split}.json records no sha256"
     try:
         got = file_sha256(arrow)
     except OSError as exc:

@@ -135,6 +135,20 @@ def read_dynamics(where: str | os.PathLike) -> tuple[pa.Table, dict[str, Any]]:
                                         "threshold_rows": threshold}
 
 
+def read_metadata(where: str | os.PathLike) -> dict[str, str]:
+    """The schema metadata of a run's dynamics file (``format``, ``task``, ...) without its
+    rows; raises `DynamicsFileError` when there is no readable file."""
+    path = dynamics_path(where)
+    if not path.is_file() or path.is_symlink():
+        raise DynamicsFileError(f"{where}: no readable {FILE_NAME}")
+    try:
+        with pa.memory_map(str(path)) as source:
+            schema = ipc.open_file(source).schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DynamicsFileError(f"{path}: not a readable Arrow file ({exc})") from None
+    return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+
+
 def _with_label(table: pa.Table) -> pa.Table:
     """``table`` with a null ``label`` column where it has none (format 1, or a caller that
     does not know the labels)."""
