@@ -4,9 +4,11 @@ every later start (resume included), and is keyed by what the ids depend on."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from dataguard.pipeline import Pipeline
 from dataguard.train.config import load_train_config
 from dataguard.train.data import RunShards, run_split
 from dataguard.train.data.encode import encode_sft
+from dataguard.train.data.encoded import Encoded
 from dataguard.train.data.labels import LabelMap
 from dataguard.train.loop import Trainer
 from dataguard.train.model.build import load_model
@@ -122,16 +125,22 @@ def test_the_key_changes_with_max_length_and_the_tokenizer(sft_data, tmp_path):
                                         max_length=80, classes=None)
 
 
-def test_an_incomplete_split_is_rebuilt(sft_data, tmp_path):
+def _counting_encoder(sft_data: Path) -> tuple[RunShards, list[int], Callable[[pa.Table], Encoded]]:
+    """(the shards, the row counts each call encoded, an sft encoder that records them)."""
     run = RunShards.open(sft_data, task="sft")
     _, tok = load_model("sft", "tiny-causal-lm")
-    folder = tmp_path / "k"
-    calls = []
+    calls: list[int] = []
 
-    def encode(table):
+    def encode(table: pa.Table) -> Encoded:
         calls.append(table.num_rows)
         return encode_sft(table, tok, 400, allow_empty=True)
 
+    return run, calls, encode
+
+
+def test_an_incomplete_split_is_rebuilt(sft_data, tmp_path):
+    run, calls, encode = _counting_encoder(sft_data)
+    folder = tmp_path / "k"
     token_cache.cached_encoding(folder, "train", lambda: run.table.slice(0, 20), encode, "sft")
     (folder / "train.json").unlink()  # killed before its JSON: not trusted
     enc = token_cache.cached_encoding(folder, "train", lambda: run.table.slice(0, 20), encode, "sft")
@@ -158,14 +167,8 @@ def test_rows_are_cut_at_the_model_context_when_nothing_else_cuts_them(tmp_path)
 def test_a_damaged_split_is_encoded_again_never_trained_on(sft_data, tmp_path):
     """Flipped bytes (which would train on other ids without a word), a torn Arrow file and an
     unreadable JSON each fail the sha256 check: the split is rebuilt, with a note saying why."""
-    run = RunShards.open(sft_data, task="sft")
-    _, tok = load_model("sft", "tiny-causal-lm")
+    run, calls, encode = _counting_encoder(sft_data)
     folder = tmp_path / "k"
-    calls = []
-
-    def encode(table):
-        calls.append(table.num_rows)
-        return encode_sft(table, tok, 400, allow_empty=True)
 
     def build(notes: list[str]):
         return token_cache.cached_encoding(folder, "train", lambda: run.table.slice(0, 20), encode, "sft",
