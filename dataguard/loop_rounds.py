@@ -27,9 +27,10 @@ refused rather than kept. Everything lives under ``--output LOOP``::
 
 It resumes like everything else: a round's pipeline resumes its own output folder, a
 round's training continues with ``--resume`` from its newest verified checkpoint, and a
-round whose training finished (its newest checkpoint is intact, its sha256 sums checked, and
-at the run's total step count) is not run again; a damaged last checkpoint is resumed past. Killing ``dataguard loop`` anywhere and starting it again with the same
-arguments finishes the same rounds.
+round whose training finished (`training_state`: its newest checkpoint intact and at the
+last step or an early stop, its dynamics written) is not run again; a damaged last
+checkpoint is resumed past. Killing ``dataguard loop`` anywhere and starting it again with
+the same arguments finishes the same rounds.
 
 The command functions are handed in by the CLI (`dataguard.cli`), so this module imports
 neither the CLI nor the stages (only their base class) at import time.
@@ -211,13 +212,13 @@ def round_settings(args: argparse.Namespace, data: Path, run_dir: Path) -> Any:
 def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo: Callable[[str], None] = print
                  ) -> int:
     """Run ``args.rounds`` rounds (``run`` / ``train`` are the CLI's own commands)."""
+    from dataguard.cli_common import CliError
+
     loop_dir = Path(args.output)
     prev: Path | None = None
     for r in range(1, args.rounds + 1):
         data, run_dir = round_dirs(loop_dir, r)
         if data.parent.is_symlink():  # LOOP itself is the user's choice, as `run --output`; run and train check the rest
-            from dataguard.cli_common import CliError
-
             raise CliError(f"loop: {data.parent} is a link; dataguard does not write through links out of its "
                            "folders (remove it, or loop into a new --output)")
         echo(f"== round {r} of {args.rounds}: data {data}" + (f", fed back from {prev}" if prev else ""))
@@ -227,13 +228,9 @@ def loop_command(args: argparse.Namespace, *, run: Command, train: Command, echo
         try:
             settings = round_settings(args, data, run_dir)
         except ValueError as exc:  # a ConfigError names the file, line and key
-            from dataguard.cli_common import CliError
-
             raise CliError(f"config error: {exc}") from None
         state, why = training_state(run_dir, data, settings)
         if state == "stale":
-            from dataguard.cli_common import CliError
-
             raise CliError(f"loop: round {r}: {why}; its model and the later rounds' would not follow from this "
                            "config: loop into a new --output")
         if state == "done":

@@ -54,14 +54,16 @@ def trained_inputs(run: str | Path) -> dict[str, str] | None:
 
 
 def _trained_on(run: Path, manifest: dict[str, Any]) -> bool:
-    """Whether ``manifest`` is what the run's newest checkpoint recorded training on."""
+    """Whether ``manifest`` is what the run's newest complete checkpoint recorded training on
+    (only runs from before ``inputs`` was recorded come here, so the runner's checkpoint
+    module, and torch with it, is imported on this path alone)."""
+    from dataguard.train.checkpoint import latest_checkpoint
     from dataguard.train.data.shards import data_changed
 
-    steps = sorted((p for p in (run / "checkpoints").glob("step-*") if (p / "state.json").is_file()),
-                   key=lambda p: p.name)
-    if not steps:
+    newest = latest_checkpoint(run)
+    if newest is None:
         return False
-    return data_changed(json.loads((steps[-1] / "state.json").read_text(encoding="utf-8")), manifest) is False
+    return data_changed(json.loads((newest / "state.json").read_text(encoding="utf-8")), manifest) is False
 
 
 def other_files(run: str | Path, input_info: Sequence[dict[str, Any]]) -> list[str]:
