@@ -240,8 +240,11 @@ def test_a_hand_relabelled_input_keeps_its_run_and_only_the_edited_rows_go_unjud
     proc = subprocess.run([sys.executable, "-m", "dataguard", "run", str(tmp_path / "p.yaml"), "--output",
                            str(tmp_path / "out"), "--no-report", "--quiet"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    noise = next(s for s in json.loads((tmp_path / "out/manifest.json").read_text())["stages"] if s["name"] == "noise")
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    noise = next(s for s in manifest["stages"] if s["name"] == "noise")
     assert noise["description"]["summary"]["second_view"]["rows_other_label"] == 3
+    counts = manifest["counts"]  # rows in = kept + rejected
+    assert counts["balanced"] is True and counts["rows_in"] == counts["rows_kept"] + counts["rows_rejected"] == 200
 
 
 def test_a_binary_run_of_other_rows_is_told_apart_from_chance():

@@ -62,7 +62,8 @@ def test_a_run_of_another_file_of_the_same_name_is_refused(sft_run, tmp_path, ho
     same = _run(tmp_path, run.parent / "a/alpaca.json", stages, *extra)  # the file it trained on: fine
     assert same.returncode == 0, same.stderr
     described = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file() and p.suffix == ".json"}
-    assert "manifest.json" in described
+    counts = json.loads(described["manifest.json"])["counts"]  # rows in = kept + rejected
+    assert counts["balanced"] is True and counts["rows_in"] == counts["rows_kept"] + counts["rows_rejected"] == 60
 
     (tmp_path / "b").mkdir()
     other = tmp_path / "b/alpaca.json"  # the same name, the rows in another order: every id matches
